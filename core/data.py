@@ -1,0 +1,158 @@
+"""Dataloader conventions shared by the tuner and every adaptor.
+
+A dataloader is any iterable (re-iterable for evaluation) yielding either inputs or
+``(inputs, labels)``. Inputs are whatever the framework takes: one array, a tuple/list of
+arrays (positional inputs) or a dict of input name to array. :func:`split_batch` is the
+one place that tells inputs from labels.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+
+
+def split_batch(item: Any) -> tuple[Any, Any]:
+    """``(inputs, labels)`` of one dataloader item; labels are ``None`` when absent.
+
+    A 2-tuple is read as ``(inputs, labels)``; any other value is inputs only. A model
+    with exactly two positional inputs must therefore yield ``((a, b), labels)`` or a dict.
+    """
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0], item[1]
+    return item, None
+
+
+def batch_size(inputs: Any) -> int:
+    """Number of samples in a batch of inputs (leading dimension of the first array)."""
+    if isinstance(inputs, Mapping):
+        inputs = next(iter(inputs.values()))
+    elif isinstance(inputs, list | tuple):
+        inputs = inputs[0]
+    shape = getattr(inputs, "shape", None)
+    return int(shape[0]) if shape else 1
+
+
+def take_samples(dataloader: Iterable[Any], max_samples: int | None) -> Iterator[Any]:
+    """Yield dataloader items until ``max_samples`` samples have been seen.
+
+    Raises :class:`DataError` if the dataloader yields nothing.
+    """
+    seen = 0
+    empty = True
+    for item in dataloader:
+        empty = False
+        yield item
+        seen += batch_size(split_batch(item)[0])
+        if max_samples is not None and seen >= max_samples:
+            return
+    if empty:
+        raise DataError("the dataloader yielded no batches", hint="pass non-empty data")
+
+
+class ArrayLoader:
+    """A re-iterable dataloader over in-memory arrays, batching along the first axis.
+
+    ``inputs`` is one array or a dict of input name to array; ``labels`` is optional.
+    """
+
+    def __init__(
+        self,
+        inputs: np.ndarray | Mapping[str, np.ndarray],
+        labels: np.ndarray | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        if batch_size < 1:
+            raise DataError(f"batch size must be at least 1, not {batch_size}")
+        self.inputs = inputs
+        self.labels = labels
+        self.batch_size = batch_size
+        first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs
+        self.num_samples = len(first)
+        if self.num_samples == 0:
+            raise DataError("the data holds no samples", hint="pass at least one sample")
+        if isinstance(inputs, Mapping):
+            for name, array in inputs.items():
+                if len(array) != self.num_samples:
+                    raise DataError(
+                        f"input {name!r} has {len(array)} samples, expected {self.num_samples}",
+                        hint="give every input the same number of samples",
+                    )
+        if labels is not None and len(labels) != self.num_samples:
+            raise DataError(
+                f"{len(labels)} labels for {self.num_samples} samples",
+                hint="give exactly one label per sample",
+            )
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        for start in range(0, self.num_samples, self.batch_size):
+            stop = start + self.batch_size
+            if isinstance(self.inputs, Mapping):
+                batch: Any = {k: v[start:stop] for k, v in self.inputs.items()}
+            else:
+                batch = self.inputs[start:stop]
+            yield (batch, self.labels[start:stop]) if self.labels is not None else batch
+
+
+class ReferenceLoader:
+    """Pairs a dataloader's inputs with reference outputs (e.g. the fp32 model's).
+
+    Used when the eval data has no labels: metrics then score agreement with fp32.
+    """
+
+    def __init__(self, dataloader: Iterable[Any], references: Sequence[Any]) -> None:
+        self.dataloader = dataloader
+        self.references = references
+
+    def __iter__(self) -> Iterator[Any]:
+        for item, ref in zip(self.dataloader, self.references):
+            yield split_batch(item)[0], ref
+
+
+class OutputRecorder:
+    """A pseudo-metric that keeps each batch's predictions (to build reference labels)."""
+
+    name = "outputs"
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+
+    def reset(self) -> None:
+        self.outputs = []
+
+    def update(self, preds: Any, labels: Any) -> None:
+        self.outputs.append(preds)
+
+    def result(self) -> float:
+        return float(len(self.outputs))
+
+
+def load_npz(path: str | os.PathLike[str], batch_size: int = 32) -> ArrayLoader:
+    """Read CLI data: an ``.npz`` with one array per model input (or one array for a
+    single-input model) and an optional ``labels`` array."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"data file {file} does not exist", hint="check the path")
+    try:
+        with np.load(file, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except Exception as exc:
+        raise DataError(
+            f"cannot read {file} as .npz ({exc})",
+            hint="save data with numpy.savez(path, input_name=array, labels=labels)",
+        ) from exc
+    labels = arrays.pop("labels", None)
+    if not arrays:
+        raise DataError(f"{file} holds no input arrays", hint="add one array per model input")
+    inputs: Any = next(iter(arrays.values())) if len(arrays) == 1 else arrays
+    return ArrayLoader(inputs, labels, batch_size=batch_size)

@@ -1,0 +1,98 @@
+"""Types that cross the evaluate / inspect hooks: measurer, results, metric protocol."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """An accumulating metric over batches of numpy predictions and labels.
+
+    An adaptor's ``lpq_evaluate`` converts each batch's outputs to numpy (a single array,
+    or a list of arrays for multi-output models) and calls ``update``; ``result`` returns
+    one float. ``higher_is_better`` tells the tuner which way accuracy improves.
+    """
+
+    name: str
+    higher_is_better: bool
+
+    def reset(self) -> None: ...
+
+    def update(self, preds: Any, labels: Any) -> None: ...
+
+    def result(self) -> float: ...
+
+
+#: Optional user hook applied to each batch before the metrics: ``(preds, labels) -> same``.
+Postprocess = Callable[[Any, Any], tuple[Any, Any]]
+
+
+class LatencyMeasurer:
+    """Times the model-execution part of each batch, excluding data loading and metrics.
+
+    An adaptor wraps only its framework's run call: ``with measurer.measure(): run()``.
+    ``warmup`` batches are timed but ignored, because first runs include lazy allocation
+    and compilation.
+    """
+
+    def __init__(self, warmup: int = 1) -> None:
+        self.warmup = warmup
+        self.samples: list[float] = []
+        self._seen = 0
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self._seen += 1
+            if self._seen > self.warmup:
+                self.samples.append(elapsed)
+
+    def reset(self) -> None:
+        self.samples.clear()
+        self._seen = 0
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.samples) * 1e3 if self.samples else None
+
+
+@dataclass
+class EvalResult:
+    """What ``lpq_evaluate`` returns: each metric's value and the measured latency."""
+
+    metrics: dict[str, float]
+    latency_ms: float | None = None
+    batches: int = 0
+    samples: int = 0
+
+    @property
+    def accuracy(self) -> float:
+        """The first metric's value: the one the tuner optimises."""
+        if not self.metrics:
+            raise ValueError("evaluation produced no metric values")
+        return next(iter(self.metrics.values()))
+
+
+@dataclass
+class Inspection:
+    """Tensors captured by ``lpq_inspect_tensor``, keyed by the *fp32 model's* op names.
+
+    ``activations[op_name]`` holds that op's first output, one array per inspected batch,
+    dequantized to float for quantized models so fp32 and quantized runs compare directly.
+    ``weights[op_name]`` maps each weight tensor name of the op to its (dequantized) value.
+    """
+
+    activations: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    weights: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)

@@ -1,0 +1,387 @@
+"""The typed facade over pluggy: the only place in lpq that calls hooks.
+
+Phase two of discovery happens here: plugins found by :mod:`lpq.discovery` are imported
+the first time anything needs them, registered with pluggy, validated against the hook
+specs and asked to register their adaptors, strategies, metrics and backend profiles.
+A plugin that fails any of that is recorded with status ``error`` and unregistered; the
+others keep working. In strict mode (``LPQ_PLUGINS_STRICT=1``) the failure is raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pluggy
+
+from . import hookspecs
+from .capability import FrameworkCapability
+from .discovery import (
+    DiscoveredEntryPoint,
+    PluginRecord,
+    PluginStatus,
+    discover,
+    installed_version,
+    strict_mode,
+)
+from .errors import ConfigError, NoAdaptorError, PluginError
+from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
+from .plugin_types import AdaptorInfo, BackendProfile
+from .tune_config import TuneConfig
+
+_REGISTRATION_HOOKS = (
+    "lpq_register_adaptors",
+    "lpq_register_strategies",
+    "lpq_register_metrics",
+    "lpq_register_backend_profiles",
+)
+
+
+class PluginManager:
+    """Loads plugins and calls their hooks with typed signatures.
+
+    Use :func:`get_plugin_manager` for the process-wide instance.
+    """
+
+    def __init__(self, *, use_entry_points: bool = True) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._use_entry_points = use_entry_points
+        self._records: dict[str, PluginRecord] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+        self.adaptors: dict[str, AdaptorInfo] = {}
+        self.strategies: dict[str, Callable[..., Any]] = {}
+        self.metrics: dict[str, Callable[..., Any]] = {}
+        self.backend_profiles: dict[str, BackendProfile] = {}
+        self._owners: dict[tuple[str, str], str] = {}
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self) -> None:
+        """Import and register every enabled plugin (idempotent)."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            from . import _builtin
+
+            self.register(_builtin, name="lpq-builtin", record=False)
+            if self._use_entry_points:
+                for item in discover():
+                    self._load_entry_point(item)
+
+    def _load_entry_point(self, item: DiscoveredEntryPoint) -> None:
+        record = item.record
+        self._records[record.name] = record
+        if record.status is not PluginStatus.PENDING:
+            if record.status in (PluginStatus.ERROR, PluginStatus.INCOMPATIBLE) and strict_mode():
+                raise PluginError(f"plugin {record.name!r}: {record.message}", hint=record.hint)
+            return
+        try:
+            plugin = item.entry_point.load()
+        except Exception as exc:
+            self._fail(
+                record,
+                f"import failed: {type(exc).__name__}: {exc}",
+                f"reinstall {record.distribution} or disable it with LPQ_DISABLE_PLUGINS="
+                f"{record.name}",
+                exc,
+            )
+            return
+        self.register(plugin, name=record.name)
+
+    def register(self, plugin: object, name: str, *, record: bool = True) -> None:
+        """Register a plugin object (a module or an instance with hookimpls).
+
+        Validates it against the hook specs and runs its registration hooks. Used for
+        entry-point plugins and by :mod:`lpq.testing` to add a plugin for one test.
+        """
+        with self._lock:
+            rec = self._records.get(name)
+            if rec is None:
+                rec = PluginRecord(name=name, distribution="<registered>", version="", entry_point="")
+                if record:
+                    self._records[name] = rec
+            try:
+                self._pm.register(plugin, name=name)
+                self._pm.check_pending()
+            except Exception as exc:
+                if self._pm.is_registered(plugin):
+                    self._pm.unregister(plugin)
+                self._fail(
+                    rec,
+                    f"hook validation failed: {exc}",
+                    "the plugin's hook implementations do not match lpq's hook specs; "
+                    "upgrade the plugin or see docs/writing-a-plugin.md",
+                    exc,
+                )
+                return
+            try:
+                self._run_registration_hooks(name)
+            except Exception as exc:
+                self.unregister(name)
+                self._fail(rec, f"registration failed: {type(exc).__name__}: {exc}", "", exc)
+                return
+            rec.status = PluginStatus.OK
+            rec.hooks = sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or [])
+            rec.frameworks = [
+                {
+                    "framework": info.framework,
+                    "distribution": info.framework_distribution,
+                    "installed": installed_version(info.framework_distribution),
+                }
+                for (kind, key), owner in self._owners.items()
+                if owner == name and kind == "adaptor"
+                for info in [self.adaptors[key]]
+            ]
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            plugin = self._pm.get_plugin(name)
+            if plugin is not None:
+                self._pm.unregister(plugin)
+            for kind, key in [k for k, owner in self._owners.items() if owner == name]:
+                del self._owners[(kind, key)]
+                {
+                    "adaptor": self.adaptors,
+                    "strategy": self.strategies,
+                    "metric": self.metrics,
+                    "backend": self.backend_profiles,
+                }[kind].pop(key, None)
+            self._records.pop(name, None)
+
+    def _fail(self, record: PluginRecord, message: str, hint: str, exc: BaseException) -> None:
+        record.status = PluginStatus.ERROR
+        record.message = message
+        record.hint = hint
+        if strict_mode():
+            raise PluginError(f"plugin {record.name!r}: {message}", hint=hint or None) from exc
+        record.message += "\n" + "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+    def _run_registration_hooks(self, plugin_name: str) -> None:
+        def claim(kind: str, key: str) -> None:
+            owner = self._owners.get((kind, key))
+            if owner is not None and owner != plugin_name:
+                raise PluginError(f"{kind} {key!r} is already registered by plugin {owner!r}")
+            self._owners[(kind, key)] = plugin_name
+
+        def add_adaptor(info: AdaptorInfo) -> None:
+            claim("adaptor", info.framework)
+            self.adaptors[info.framework] = info
+
+        def add_strategy(name: str, factory: Callable[..., Any]) -> None:
+            claim("strategy", name)
+            self.strategies[name] = factory
+
+        def add_metric(name: str, factory: Callable[..., Any]) -> None:
+            claim("metric", name)
+            self.metrics[name] = factory
+
+        def add_profile(profile: BackendProfile) -> None:
+            claim("backend", profile.name)
+            self.backend_profiles[profile.name] = profile
+
+        callbacks = dict(
+            zip(_REGISTRATION_HOOKS, (add_adaptor, add_strategy, add_metric, add_profile))
+        )
+        for hook_name, callback in callbacks.items():
+            for impl in getattr(self._pm.hook, hook_name).get_hookimpls():
+                if impl.plugin_name == plugin_name:
+                    impl.function(register=callback)
+
+    # ------------------------------------------------------------------ queries
+
+    def records(self) -> list[PluginRecord]:
+        """Every entry-point plugin (and test-registered one) with its status."""
+        self.load()
+        return sorted(self._records.values(), key=lambda r: r.name)
+
+    def adaptor(self, framework: str) -> AdaptorInfo:
+        self.load()
+        try:
+            return self.adaptors[framework]
+        except KeyError:
+            raise NoAdaptorError(
+                f"no installed plugin provides the {framework!r} framework",
+                hint=self.install_hint(),
+            ) from None
+
+    def install_hint(self) -> str:
+        installed = ", ".join(sorted(self.adaptors)) or "none"
+        return (
+            f"installed adaptors: {installed}. Install one for your model, e.g. "
+            "pip install lpq-onnxrt (ONNX) or pip install lpq-torch (PyTorch); "
+            "`lpq plugins list` shows plugins that failed to load"
+        )
+
+    def create_metric(self, name: str, **kwargs: Any) -> Metric:
+        self.load()
+        if name not in self.metrics:
+            raise ConfigError(
+                f"unknown metric {name!r}", hint=f"choose one of: {', '.join(sorted(self.metrics))}"
+            )
+        metric: Metric = self.metrics[name](**kwargs)
+        return metric
+
+    def create_strategy(self, name: str, **kwargs: Any) -> Any:
+        self.load()
+        if name not in self.strategies:
+            raise ConfigError(
+                f"unknown strategy {name!r}",
+                hint=f"choose one of: {', '.join(sorted(self.strategies))}",
+            )
+        return self.strategies[name](**kwargs)
+
+    def backend_profile(self, name: str) -> BackendProfile:
+        self.load()
+        if name not in self.backend_profiles:
+            known = ", ".join(sorted(self.backend_profiles)) or "none installed"
+            raise ConfigError(f"unknown backend profile {name!r}", hint=f"choose one of: {known}")
+        return self.backend_profiles[name]
+
+    # ------------------------------------------------------------------ per-framework hooks
+
+    def _dispatch(self, hook_name: str, framework: str, **kwargs: Any) -> Any:
+        self.adaptor(framework)  # clear error when no plugin provides the framework
+        result = getattr(self._pm.hook, hook_name)(framework=framework, **kwargs)
+        if result is None:
+            raise NoAdaptorError(
+                f"the {framework!r} adaptor does not implement {hook_name}",
+                hint="upgrade the adaptor plugin, or choose another framework",
+            )
+        return result
+
+    def detect_framework(self, model: Any) -> str:
+        self.load()
+        framework = self._pm.hook.lpq_detect_framework(model=model)
+        if framework is None:
+            shown = str(model) if isinstance(model, str | Path) else type(model).__qualname__
+            raise NoAdaptorError(
+                f"no installed plugin recognises the model {shown}",
+                hint=self.install_hint(),
+            )
+        return str(framework)
+
+    def query_capability(
+        self,
+        framework: str,
+        model: Any,
+        dataloader: Iterable[Any] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> FrameworkCapability:
+        result: FrameworkCapability = self._dispatch(
+            "lpq_query_fw_capability",
+            framework,
+            model=model,
+            dataloader=dataloader,
+            options=dict(options or {}),
+        )
+        return result
+
+    def query_fused_patterns(self, framework: str, model: Any) -> list[tuple[str, ...]]:
+        result: list[tuple[str, ...]] = self._dispatch(
+            "lpq_query_fused_patterns", framework, model=model
+        )
+        return result
+
+    def quantize(
+        self,
+        framework: str,
+        model: Any,
+        tune_cfg: TuneConfig,
+        calib_dataloader: Iterable[Any] | None,
+        train_func: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        return self._dispatch(
+            "lpq_quantize",
+            framework,
+            model=model,
+            tune_cfg=tune_cfg,
+            calib_dataloader=calib_dataloader,
+            train_func=train_func,
+        )
+
+    def evaluate(
+        self,
+        framework: str,
+        model: Any,
+        dataloader: Iterable[Any],
+        metrics: Sequence[Metric],
+        *,
+        postprocess: Postprocess | None = None,
+        measurer: LatencyMeasurer | None = None,
+        iteration: int | None = None,
+    ) -> EvalResult:
+        result: EvalResult = self._dispatch(
+            "lpq_evaluate",
+            framework,
+            model=model,
+            dataloader=dataloader,
+            postprocess=postprocess,
+            metrics=list(metrics),
+            measurer=measurer,
+            iteration=iteration,
+        )
+        return result
+
+    def convert_bf16(
+        self,
+        framework: str,
+        model: Any,
+        op_names: Sequence[str],
+        dtype: Literal["bf16", "fp16"] = "bf16",
+    ) -> Any:
+        return self._dispatch(
+            "lpq_convert_bf16", framework, model=model, op_names=list(op_names), dtype=dtype
+        )
+
+    def inspect_tensor(
+        self,
+        framework: str,
+        model: Any,
+        dataloader: Iterable[Any],
+        op_names: Sequence[str] | None = None,
+        kind: Literal["activation", "weight", "both"] = "activation",
+        iteration: int | None = 1,
+    ) -> Inspection:
+        result: Inspection = self._dispatch(
+            "lpq_inspect_tensor",
+            framework,
+            model=model,
+            dataloader=dataloader,
+            op_names=list(op_names) if op_names is not None else None,
+            kind=kind,
+            iteration=iteration,
+        )
+        return result
+
+    def save_model(self, framework: str, model: Any, path: str | Path) -> Path:
+        result: Path = self._dispatch("lpq_save_model", framework, model=model, path=Path(path))
+        return result
+
+    def load_model(self, framework: str, path: str | Path) -> Any:
+        return self._dispatch("lpq_load_model", framework, path=Path(path))
+
+
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, created on first use."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Drop the process-wide manager so the next call re-discovers plugins (tests)."""
+    global _manager
+    with _manager_lock:
+        _manager = None

@@ -1,0 +1,52 @@
+"""What plugins hand to lpq through the registration hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AdaptorInfo:
+    """Describes a framework adaptor; registered through ``lpq_register_adaptors``.
+
+    ``framework`` is the name every per-framework hook is dispatched with (``onnxrt``,
+    ``torch``). ``framework_distribution`` is the pip distribution whose installed version
+    selects the capability YAML's version block, read from metadata so that listing
+    plugins never imports the framework. ``capability_files`` are the adaptor's YAML files.
+    """
+
+    framework: str
+    framework_distribution: str
+    capability_files: Sequence[Path]
+    description: str = ""
+    #: File suffixes of models this adaptor reads (``.onnx``), for error messages and the CLI.
+    model_suffixes: Sequence[str] = ()
+    #: Pip requirement that installs this adaptor, for "no plugin recognises this" hints.
+    install_hint: str = ""
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """A named set of adaptor settings for one kind of hardware or runtime.
+
+    Registered through ``lpq_register_backend_profiles`` and selected with the config's
+    ``backend`` option. ``options`` are merged into every tune_cfg's global options (for
+    example an execution provider); ``capability_file`` optionally replaces the adaptor's
+    capability YAML, narrowing what the strategy may choose on that backend.
+    """
+
+    name: str
+    framework: str
+    description: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    capability_file: Path | None = None
+
+
+#: ``register`` callbacks handed to the registration hooks.
+RegisterAdaptor = Callable[[AdaptorInfo], None]
+RegisterStrategy = Callable[[str, Callable[..., Any]], None]
+RegisterMetric = Callable[[str, Callable[..., Any]], None]
+RegisterBackendProfile = Callable[[BackendProfile], None]
