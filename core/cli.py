@@ -1,0 +1,213 @@
+"""The ``lpq`` command.
+
+User mistakes surface as :class:`lpq.LpqError`; :func:`main` prints them as one message
+with a hint and exits 2, never with a traceback. Heavy imports (rich, jsonschema, the
+tuner) happen inside the commands, so ``lpq --help`` stays fast and framework-free.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ._version import __version__
+from .errors import LpqError
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _version_text() -> str:
+    from .manager import get_plugin_manager
+
+    lines = [f"lpq-core {__version__}"]
+    for record in get_plugin_manager().records():
+        lines.append(f"{record.distribution} {record.version} (plugin {record.name!r}, "
+                     f"{record.status.value})")
+    return "\n".join(lines)
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_text())
+        ctx.exit()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show the versions of lpq-core and every plugin.")
+def cli() -> None:
+    """lpq: accuracy-aware low-precision quantization.
+
+    Quantize a model to int8/int4 with the framework's own kernels and keep its accuracy
+    within the tolerance you set. Framework adaptors are plugins: `lpq plugins list`.
+    """
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+@cli.group()
+def plugins() -> None:
+    """Inspect installed plugins."""
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def plugins_list(as_json: bool) -> None:
+    """List plugins with their status, framework and hooks.
+
+    Statuses: ok, disabled (LPQ_LOAD_PLUGINS / LPQ_DISABLE_PLUGINS), incompatible
+    (needs another lpq-core), error (failed to import or validate; see the message).
+    """
+    from .manager import get_plugin_manager
+
+    records = get_plugin_manager().records()
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records], indent=2))
+        return
+    from rich.table import Table
+
+    console = _console()
+    if not records:
+        console.print("No lpq plugins installed. Try: pip install lpq-onnxrt")
+        return
+    table = Table(title="lpq plugins")
+    for column in ("name", "distribution", "version", "status", "framework", "hooks"):
+        table.add_column(column)
+    colors = {"ok": "green", "disabled": "dim", "incompatible": "yellow", "error": "red"}
+    for record in records:
+        frameworks = ", ".join(
+            f"{fw['framework']} ({fw['distribution']} {fw['installed'] or 'not installed'})"
+            for fw in record.frameworks
+        )
+        status = f"[{colors.get(record.status.value, 'white')}]{record.status.value}[/]"
+        table.add_row(record.name, record.distribution, record.version, status,
+                      frameworks or "-", ", ".join(h.removeprefix("lpq_") for h in record.hooks))
+    console.print(table)
+    for record in records:
+        if record.message and record.status.value != "disabled":
+            console.print(f"[bold]{record.name}[/]: {record.message.splitlines()[0]}")
+            if record.hint:
+                console.print(f"  hint: {record.hint}")
+
+
+# --------------------------------------------------------------------------- capability
+
+
+@cli.group()
+def capability() -> None:
+    """Validate and show capability YAML files."""
+
+
+@capability.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def capability_validate(files: tuple[str, ...]) -> None:
+    """Validate capability YAML FILES against lpq's schema."""
+    from .capability_loader import validate_capability_file
+
+    failed = 0
+    for file in files:
+        try:
+            blocks = validate_capability_file(file)
+        except LpqError as exc:
+            failed += 1
+            click.echo(f"FAIL {exc}", err=True)
+        else:
+            click.echo(f"ok   {file} ({blocks} version block{'s' if blocks != 1 else ''})")
+    if failed:
+        raise SystemExit(1)
+
+
+@capability.command("show")
+@click.argument("framework")
+@click.option("--framework-version", help="Pick the block for this version instead of the "
+              "installed one.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def capability_show(framework: str, framework_version: str | None, as_json: bool) -> None:
+    """Show what FRAMEWORK's adaptor can quantize for the installed framework version."""
+    from .capability_loader import load_capability
+    from .discovery import installed_version
+    from .manager import get_plugin_manager
+
+    info = get_plugin_manager().adaptor(framework)
+    version = framework_version or installed_version(info.framework_distribution)
+    spec = load_capability(info.capability_files, framework, version)
+    rows = [
+        {
+            "op_type": op_type,
+            "precision": cap.precision,
+            "mode": cap.mode,
+            "weight": _options_text(cap.weight),
+            "activation": _options_text(cap.activation),
+            "fallback": list(spec.float_fallbacks(op_type)),
+        }
+        for op_type in spec.quantizable_op_types()
+        for cap in spec.for_op_type(op_type)
+    ]
+    if as_json:
+        click.echo(json.dumps({"framework": framework, "framework_version": version,
+                               "version_block": spec.version_block, "ops": rows,
+                               "patterns": [" + ".join(p) for p in spec.patterns]}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{framework} capability ({info.framework_distribution} "
+                  f"{version or 'not installed'}; block {spec.version_block})")
+    for column in ("op type", "precision", "mode", "weight", "activation", "fallback"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["op_type"], row["precision"], row["mode"], row["weight"],
+                      row["activation"], ", ".join(row["fallback"]))
+    _console().print(table)
+
+
+def _options_text(options: Any) -> str:
+    if options is None:
+        return "-"
+    parts = [
+        "/".join(options.dtype),
+        "/".join(options.scheme),
+        "/".join(options.granularity),
+        "/".join(options.algorithm),
+    ]
+    parts += [f"{key}={'/'.join(map(str, values))}" for key, values in options.extra.items()]
+    return " ".join(parts)
+
+
+def _register_tuning_commands() -> None:
+    from .cli_tuning import quantize_command, tune_command
+
+    cli.add_command(quantize_command)
+    cli.add_command(tune_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, turning lpq errors into a message and exit code 2."""
+    _register_tuning_commands()
+    try:
+        cli.main(args=argv, prog_name="lpq", standalone_mode=False)
+    except LpqError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
