@@ -26,7 +26,7 @@ from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
 from .discovery import installed_version
 from .manager import PluginManager, get_plugin_manager
-from .plugin_types import AdaptorInfo, BackendProfile
+from .plugin_types import AdaptorInfo, BackendProfile, Example
 from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "EvalResult",
+    "Example",
     "FrameworkCapability",
     "Inspection",
     "LatencyMeasurer",

@@ -28,6 +28,7 @@ from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postpro
 from .plugin_types import (
     RegisterAdaptor,
     RegisterBackendProfile,
+    RegisterExample,
     RegisterMetric,
     RegisterStrategy,
 )
@@ -82,6 +83,17 @@ def lpq_register_backend_profiles(register: RegisterBackendProfile) -> None:
     :param register: call with one :class:`lpq.BackendProfile` per profile.
 
     Called once, when the plugin is loaded.
+    """
+
+
+@hookspec
+def lpq_register_examples(register: RegisterExample) -> None:
+    """Register built-in examples that ``lpq tune --example NAME`` runs with no other input.
+
+    :param register: call with one :class:`lpq.Example` per example (a model path, its
+        calibration and evaluation ``.npz`` files and the metric to use).
+
+    Called once, when the plugin is loaded. Keep example files small and in the package.
     """
 
 

@@ -29,7 +29,7 @@ from .discovery import (
 )
 from .errors import ConfigError, NoAdaptorError, PluginError
 from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
-from .plugin_types import AdaptorInfo, BackendProfile
+from .plugin_types import AdaptorInfo, BackendProfile, Example
 from .tune_config import TuneConfig
 
 _REGISTRATION_HOOKS = (
@@ -37,6 +37,7 @@ _REGISTRATION_HOOKS = (
     "lpq_register_strategies",
     "lpq_register_metrics",
     "lpq_register_backend_profiles",
+    "lpq_register_examples",
 )
 
 
@@ -57,6 +58,7 @@ class PluginManager:
         self.strategies: dict[str, Callable[..., Any]] = {}
         self.metrics: dict[str, Callable[..., Any]] = {}
         self.backend_profiles: dict[str, BackendProfile] = {}
+        self.examples: dict[str, Example] = {}
         self._owners: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ loading
@@ -151,6 +153,7 @@ class PluginManager:
                     "strategy": self.strategies,
                     "metric": self.metrics,
                     "backend": self.backend_profiles,
+                    "example": self.examples,
                 }[kind].pop(key, None)
             self._records.pop(name, None)
 
@@ -185,8 +188,15 @@ class PluginManager:
             claim("backend", profile.name)
             self.backend_profiles[profile.name] = profile
 
+        def add_example(example: Example) -> None:
+            claim("example", example.name)
+            self.examples[example.name] = example
+
         callbacks = dict(
-            zip(_REGISTRATION_HOOKS, (add_adaptor, add_strategy, add_metric, add_profile))
+            zip(
+                _REGISTRATION_HOOKS,
+                (add_adaptor, add_strategy, add_metric, add_profile, add_example),
+            )
         )
         for hook_name, callback in callbacks.items():
             for impl in getattr(self._pm.hook, hook_name).get_hookimpls():
@@ -242,6 +252,13 @@ class PluginManager:
             known = ", ".join(sorted(self.backend_profiles)) or "none installed"
             raise ConfigError(f"unknown backend profile {name!r}", hint=f"choose one of: {known}")
         return self.backend_profiles[name]
+
+    def example(self, name: str) -> Example:
+        self.load()
+        if name not in self.examples:
+            known = ", ".join(sorted(self.examples)) or "none (pip install lpq-onnxrt)"
+            raise ConfigError(f"unknown example {name!r}", hint=f"available examples: {known}")
+        return self.examples[name]
 
     # ------------------------------------------------------------------ per-framework hooks
 

@@ -45,8 +45,26 @@ class BackendProfile:
     capability_file: Path | None = None
 
 
+@dataclass(frozen=True)
+class Example:
+    """A ready-to-run tuning example shipped inside a plugin (``lpq tune --example NAME``).
+
+    ``calib`` and ``eval`` are ``.npz`` files in the CLI data format; ``eval`` carries a
+    ``labels`` array so that ``metric`` measures real accuracy.
+    """
+
+    name: str
+    framework: str
+    model: Path
+    calib: Path
+    eval: Path
+    metric: str = "top1"
+    description: str = ""
+
+
 #: ``register`` callbacks handed to the registration hooks.
 RegisterAdaptor = Callable[[AdaptorInfo], None]
 RegisterStrategy = Callable[[str, Callable[..., Any]], None]
 RegisterMetric = Callable[[str, Callable[..., Any]], None]
 RegisterBackendProfile = Callable[[BackendProfile], None]
+RegisterExample = Callable[[Example], None]
