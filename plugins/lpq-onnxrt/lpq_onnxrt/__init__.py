@@ -1,0 +1,1 @@
+"""lpq-onnxrt: the ONNX Runtime adaptor for lpq."""

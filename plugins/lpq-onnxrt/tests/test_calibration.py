@@ -1,0 +1,260 @@
+"""Streaming calibration checked against exact numpy reference values and a real ORT run."""
+
+from __future__ import annotations
+
+import lpq
+import numpy as np
+import pytest
+from lpq_onnxrt.calibration import CalibrationStats, collect_statistics
+
+NUM_BINS = 2048
+
+
+def _stats(data: np.ndarray, chunks: int = 1, num_bins: int = NUM_BINS) -> CalibrationStats:
+    stats = CalibrationStats(num_bins)
+    for chunk in np.array_split(data, chunks):
+        stats.update("t", chunk)
+    return stats
+
+
+def _bin_width(data: np.ndarray, num_bins: int = NUM_BINS) -> float:
+    """Upper bound of the histogram bin width: range is below 2 * max|x|."""
+    return 2.0 * float(np.max(np.abs(data))) / num_bins
+
+
+@pytest.fixture(scope="module")
+def gaussian() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    data = rng.normal(0.3, 1.0, size=200_000).astype(np.float32)
+    data[rng.choice(data.size, 6, replace=False)] = [40.0, -35.0, 55.0, 60.0, -70.0, 48.0]
+    return data
+
+
+def test_minmax_is_exact(gaussian: np.ndarray) -> None:
+    stats = _stats(gaussian, chunks=7)
+    lo, hi = float(gaussian.min()), float(gaussian.max())
+    assert stats.compute_range("t", "minmax", symmetric=False) == (lo, hi)
+    t = max(-lo, hi)
+    assert stats.compute_range("t", "minmax", symmetric=True) == (-t, t)
+
+
+def test_minmax_range_includes_zero() -> None:
+    stats = CalibrationStats()
+    stats.update("pos", np.array([2.0, 3.0, 5.0]))
+    stats.update("neg", np.array([-4.0, -1.5]))
+    assert stats.compute_range("pos", "minmax", symmetric=False) == (0.0, 5.0)
+    assert stats.compute_range("neg", "minmax", symmetric=False) == (-4.0, 0.0)
+
+
+@pytest.mark.parametrize("percentile", [99.0, 99.9, 99.999])
+def test_percentile_within_one_bin_of_numpy(gaussian: np.ndarray, percentile: float) -> None:
+    stats = _stats(gaussian, chunks=5)
+    width = _bin_width(gaussian)
+    lo, hi = stats.compute_range("t", "percentile", symmetric=True, percentile=percentile)
+    expected = np.percentile(np.abs(gaussian), percentile)
+    assert lo == -hi
+    assert abs(hi - expected) <= width
+    lo, hi = stats.compute_range("t", "percentile", symmetric=False, percentile=percentile)
+    exp_lo, exp_hi = np.percentile(gaussian, [100.0 - percentile, percentile])
+    assert abs(lo - exp_lo) <= width
+    assert abs(hi - exp_hi) <= width
+
+
+def test_percentile_100_is_the_exact_extreme(gaussian: np.ndarray) -> None:
+    stats = _stats(gaussian)
+    assert stats.compute_range("t", "percentile", symmetric=True, percentile=100.0) == (-70.0, 70.0)
+
+
+def test_kl_clips_outliers_but_not_the_bulk(gaussian: np.ndarray) -> None:
+    stats = _stats(gaussian)
+    lo, hi = stats.compute_range("t", "kl", symmetric=True, num_quant_levels=256)
+    sigma = float(gaussian.std())
+    assert lo == -hi
+    assert 3.0 * sigma < hi < 0.25 * float(np.abs(gaussian).max())
+
+
+def test_kl_keeps_nearly_the_full_range_of_uniform_data() -> None:
+    data = np.random.default_rng(1).uniform(-3.0, 3.0, size=100_000)
+    stats = _stats(data)
+    _, hi = stats.compute_range("t", "kl", symmetric=True)
+    assert hi >= 0.97 * float(np.abs(data).max())
+    lo, hi = stats.compute_range("t", "kl", symmetric=False)
+    assert lo <= -0.97 * 3.0 and hi >= 0.97 * 3.0
+
+
+def test_kl_asymmetric_after_relu_starts_at_zero(gaussian: np.ndarray) -> None:
+    relu = np.maximum(gaussian, 0.0)
+    stats = _stats(relu)
+    lo, hi = stats.compute_range("t", "kl", symmetric=False)
+    assert lo == 0.0
+    assert 3.0 < hi < float(relu.max())
+
+
+def test_streaming_matches_one_shot(gaussian: np.ndarray) -> None:
+    one = _stats(gaussian, chunks=1)
+    # Shuffle so early chunks have a small range and the histogram must widen many times.
+    order = np.argsort(np.abs(gaussian), kind="stable")
+    many = _stats(gaussian[order], chunks=50)
+    for algorithm in ("minmax", "percentile", "kl"):
+        for symmetric in (True, False):
+            expected = one.compute_range("t", algorithm, symmetric=symmetric)
+            got = many.compute_range("t", algorithm, symmetric=symmetric)
+            assert got == pytest.approx(expected, rel=1e-9, abs=1e-9), (algorithm, symmetric)
+
+
+def test_range_widens_as_data_grows() -> None:
+    stats = CalibrationStats(64)
+    stats.update("t", np.linspace(0.0, 1.0, 1000))
+    first = stats.compute_range("t", "percentile", symmetric=True, percentile=100.0)
+    stats.update("t", np.linspace(-100.0, 100.0, 1000))
+    assert first == (-1.0, 1.0)
+    assert stats.compute_range("t", "minmax", symmetric=False) == (-100.0, 100.0)
+    data = np.concatenate([np.linspace(0.0, 1.0, 1000), np.linspace(-100.0, 100.0, 1000)])
+    lo, hi = stats.compute_range("t", "percentile", symmetric=False, percentile=90.0)
+    exp_lo, exp_hi = np.percentile(data, [10.0, 90.0])
+    assert abs(lo - exp_lo) <= _bin_width(data, 64)
+    assert abs(hi - exp_hi) <= _bin_width(data, 64)
+
+
+def test_histogram_memory_is_independent_of_sample_count() -> None:
+    stats = CalibrationStats(256)
+    rng = np.random.default_rng(2)
+    stats.update("t", rng.normal(size=10))
+    sizes = [h.positive.nbytes + h.negative.nbytes for h in stats._tensors.values()]
+    for _ in range(20):
+        stats.update("t", rng.normal(size=10_000) * 10)
+    assert [h.positive.nbytes + h.negative.nbytes for h in stats._tensors.values()] == sizes
+    assert stats.count("t") == 200_010
+
+
+def test_nan_and_inf_are_ignored_and_counted() -> None:
+    data = np.array([1.0, np.nan, -2.0, np.inf, 3.0, -np.inf], dtype=np.float32)
+    stats = CalibrationStats()
+    stats.update("t", data)
+    assert stats.nonfinite_count("t") == 3
+    assert stats.count("t") == 3
+    for algorithm in ("minmax", "kl", "percentile"):
+        lo, hi = stats.compute_range("t", algorithm, symmetric=False, percentile=100.0)
+        assert np.isfinite([lo, hi]).all()
+        assert -2.0 <= lo <= 0.0 <= hi <= 3.0
+    assert stats.compute_range("t", "minmax", symmetric=False) == (-2.0, 3.0)
+
+
+def test_only_nonfinite_values_raise_data_error_naming_the_tensor() -> None:
+    stats = CalibrationStats()
+    stats.update("conv1_out", np.array([np.nan, np.inf]))
+    with pytest.raises(lpq.DataError, match="conv1_out"):
+        stats.compute_range("conv1_out", "minmax", symmetric=True)
+
+
+def test_empty_arrays_register_but_raise_until_data_arrives() -> None:
+    stats = CalibrationStats()
+    stats.update("t", np.zeros((0, 3), dtype=np.float32))
+    assert stats.tensor_names() == ["t"]
+    with pytest.raises(lpq.DataError, match="no values"):
+        stats.compute_range("t", "kl", symmetric=True)
+    stats.update("t", np.array([0.5]))
+    assert stats.compute_range("t", "minmax", symmetric=True) == (-0.5, 0.5)
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "kl", "percentile"])
+def test_constant_and_zero_tensors(algorithm: str) -> None:
+    stats = CalibrationStats()
+    stats.update("c", np.full((4, 5), 2.5, dtype=np.float32))
+    stats.update("neg", np.full(7, -3.0))
+    stats.update("z", np.zeros(100, dtype=np.float32))
+    assert stats.compute_range("c", algorithm, symmetric=False) == (0.0, 2.5)
+    assert stats.compute_range("c", algorithm, symmetric=True) == (-2.5, 2.5)
+    assert stats.compute_range("neg", algorithm, symmetric=False) == (-3.0, 0.0)
+    assert stats.compute_range("z", algorithm, symmetric=True) == (0.0, 0.0)
+    assert stats.compute_range("z", algorithm, symmetric=False) == (0.0, 0.0)
+
+
+def test_zeros_before_data_stay_counted() -> None:
+    stats = CalibrationStats()
+    stats.update("t", np.zeros(900))
+    stats.update("t", np.linspace(0.0, 1.0, 100))
+    _, hi = stats.compute_range("t", "percentile", symmetric=True, percentile=90.0)
+    data = np.concatenate([np.zeros(900), np.linspace(0.0, 1.0, 100)])
+    assert abs(hi - np.percentile(data, 90.0)) <= _bin_width(data)
+
+
+def test_bad_arguments_raise_lpq_errors() -> None:
+    stats = CalibrationStats()
+    stats.update("t", np.arange(10.0))
+    with pytest.raises(lpq.ConfigError, match="algorithm"):
+        stats.compute_range("t", "mse", symmetric=True)
+    with pytest.raises(lpq.ConfigError, match="percentile"):
+        stats.compute_range("t", "percentile", symmetric=True, percentile=0.0)
+    with pytest.raises(lpq.DataError, match="missing"):
+        stats.compute_range("missing", "minmax", symmetric=True)
+    with pytest.raises(lpq.ConfigError, match="num_bins"):
+        CalibrationStats(1000)
+    with pytest.raises(lpq.DataError, match="dtype"):
+        stats.update("s", np.array(["a", "b"]))
+
+
+# ---------------------------------------------------------------- real ONNX Runtime runs
+
+
+def _mlp_model() -> tuple[object, dict[str, np.ndarray]]:
+    """x[N,8] -> MatMul w1 -> Add b1 -> Relu -> MatMul w2 -> y, IR 9 / opset 17."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    weights = {
+        "w1": rng.normal(size=(8, 16)).astype(np.float32),
+        "b1": rng.normal(size=16).astype(np.float32),
+        "w2": rng.normal(size=(16, 4)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Add", ["h", "b1"], ["h_b"], name="add1"),
+        helper.make_node("Relu", ["h_b"], ["r"], name="relu1"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model, weights
+
+
+def test_collect_statistics_matches_numpy_activations() -> None:
+    model, w = _mlp_model()
+    rng = np.random.default_rng(4)
+    batches = [rng.normal(size=(5, 8)).astype(np.float32) * (i + 1) for i in range(6)]
+    names = ["x", "h_b", "r", "y", "w1"]
+    stats = collect_statistics(model, names, ({"x": b} for b in batches), num_bins=1024)
+    assert set(stats.tensor_names()) == set(names)
+
+    x = np.concatenate(batches)
+    h_b = x @ w["w1"] + w["b1"]
+    r = np.maximum(h_b, 0.0)
+    expected = {"x": x, "h_b": h_b, "r": r, "y": r @ w["w2"], "w1": w["w1"]}
+    for name, values in expected.items():
+        lo, hi = stats.compute_range(name, "minmax", symmetric=False)
+        assert lo == pytest.approx(min(float(values.min()), 0.0), rel=1e-5, abs=1e-6), name
+        assert hi == pytest.approx(max(float(values.max()), 0.0), rel=1e-5, abs=1e-6), name
+        _, t = stats.compute_range(name, "percentile", symmetric=True, percentile=95.0)
+        assert abs(t - np.percentile(np.abs(values), 95.0)) <= _bin_width(values, 1024), name
+    assert stats.count("h_b") == h_b.size
+    assert len(model.graph.output) == 1  # the caller's model is not modified
+
+
+def test_collect_statistics_rejects_bad_input() -> None:
+    model, _ = _mlp_model()
+    good = {"x": np.ones((2, 8), dtype=np.float32)}
+    with pytest.raises(lpq.ModelError, match="nope"):
+        collect_statistics(model, ["nope"], [good])
+    with pytest.raises(lpq.DataError, match="no feeds"):
+        collect_statistics(model, ["r"], [])
+    with pytest.raises(lpq.DataError, match="lacks model inputs"):
+        collect_statistics(model, ["r"], [{"z": good["x"]}])
+    with pytest.raises(lpq.DataError, match="could not run"):
+        collect_statistics(model, ["r"], [{"x": np.ones((2, 3), dtype=np.float32)}])
