@@ -156,3 +156,22 @@ def load_npz(path: str | os.PathLike[str], batch_size: int = 32) -> ArrayLoader:
         raise DataError(f"{file} holds no input arrays", hint="add one array per model input")
     inputs: Any = next(iter(arrays.values())) if len(arrays) == 1 else arrays
     return ArrayLoader(inputs, labels, batch_size=batch_size)
+
+
+def as_dataloader(data: Any) -> Any:
+    """Accept the data forms users pass: a numpy array (inputs only), an ``(inputs,
+    labels)`` pair of arrays, a dict of input arrays, or any re-iterable dataloader."""
+    if data is None:
+        return None
+    if isinstance(data, np.ndarray):
+        return ArrayLoader(data)
+    if (
+        isinstance(data, tuple)
+        and len(data) == 2
+        and isinstance(data[0], np.ndarray | Mapping)
+        and isinstance(data[1], np.ndarray)
+    ):
+        return ArrayLoader(data[0], data[1])
+    if isinstance(data, Mapping) and all(isinstance(v, np.ndarray) for v in data.values()):
+        return ArrayLoader(data)
+    return data

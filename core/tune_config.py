@@ -29,7 +29,7 @@ class TensorConfig:
     granularity: str = "per_tensor"
     algorithm: str = "minmax"
     #: Extra knobs a capability allows, e.g. ``{"block_size": 32}`` for int4 weight-only.
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -1,0 +1,177 @@
+"""The user-facing configuration of a quantization / tuning run.
+
+Someone coming from Intel Neural Compressor will recognise the shape:
+``PostTrainingQuantConfig(approach=..., op_type_dict=..., accuracy_criterion=...,
+tuning_criterion=...)``. Every value is validated here, so mistakes surface before any
+model is touched.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .errors import ConfigError
+from .tune_config import FLOAT_PRECISIONS
+
+Approach = Literal["auto", "static", "dynamic", "weight_only"]
+Objective = Literal["performance", "modelsize", "footprint"]
+ExitPolicy = Literal["first_hit", "best"]
+
+_APPROACHES = ("auto", "static", "dynamic", "weight_only")
+_OBJECTIVES = ("performance", "modelsize", "footprint")
+_EXIT_POLICIES = ("first_hit", "best")
+_FORMATS = ("default", "qdq", "qoperator")
+_TENSOR_FIELDS = ("dtype", "scheme", "granularity", "algorithm", "block_size")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+@dataclass
+class AccuracyCriterion:
+    """How much accuracy the quantized model may lose against the fp32 baseline.
+
+    ``relative``: ``0.01`` allows 1% of the baseline; ``absolute``: 0.01 allows 0.01 of
+    the metric's units. ``higher_is_better`` defaults to the metric's own direction.
+    """
+
+    tolerable_loss: float = 0.01
+    criterion: Literal["relative", "absolute"] = "relative"
+    higher_is_better: bool | None = None
+
+    def __post_init__(self) -> None:
+        _choice("accuracy criterion", self.criterion, ("relative", "absolute"))
+        loss = self.tolerable_loss
+        if not isinstance(loss, int | float) or math.isnan(loss) or loss < 0:
+            raise ConfigError(
+                f"tolerable loss must be a number >= 0, not {loss!r}",
+                hint="e.g. 0.01 for 1% relative loss",
+            )
+        if self.criterion == "relative" and loss >= 1:
+            raise ConfigError(
+                f"a relative tolerable loss must be below 1 (100%), not {loss}",
+                hint="0.01 means 1%; use criterion='absolute' for a loss in metric units",
+            )
+
+    def meets(self, baseline: float, accuracy: float, higher_is_better: bool) -> bool:
+        """Whether ``accuracy`` is within tolerance of ``baseline``."""
+        if math.isnan(accuracy):
+            return False
+        if self.criterion == "relative":
+            margin = abs(baseline) * self.tolerable_loss
+        else:
+            margin = self.tolerable_loss
+        if higher_is_better:
+            return accuracy >= baseline - margin - 1e-12
+        return accuracy <= baseline + margin + 1e-12
+
+
+@dataclass
+class TuningCriterion:
+    """How tuning searches and when it stops.
+
+    ``exit_policy="first_hit"`` stops at the first config that meets the accuracy goal;
+    ``"best"`` keeps searching (within ``max_trials`` / ``timeout`` seconds) for the best
+    ``objective`` among configs that meet it.
+    """
+
+    strategy: str = "auto"
+    max_trials: int = 50
+    timeout: float = 0.0
+    objective: Objective = "performance"
+    exit_policy: ExitPolicy = "first_hit"
+    seed: int = 1978
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _choice("objective", self.objective, _OBJECTIVES)
+        _choice("exit policy", self.exit_policy, _EXIT_POLICIES)
+        if not isinstance(self.max_trials, int) or self.max_trials < 1:
+            raise ConfigError(f"max_trials must be a whole number >= 1, not {self.max_trials!r}")
+        if self.timeout < 0:
+            raise ConfigError(f"timeout must be >= 0 seconds (0: none), not {self.timeout}")
+
+
+@dataclass
+class PostTrainingQuantConfig:
+    """What to quantize and how; the search itself is set by the two criteria.
+
+    ``op_type_dict`` / ``op_name_dict`` override the capability per op type or per op
+    name (names are regular expressions matched in full). A value is either a float
+    precision (``"fp32"``, ``"bf16"``, ``"fp16"``: keep those ops unquantized) or a dict
+    restricting the options, e.g. ``{"activation": {"algorithm": ["kl"]},
+    "weight": {"granularity": ["per_tensor"]}}``.
+    """
+
+    approach: Approach = "auto"
+    quant_format: str = "default"
+    calibration_sampling_size: int = 100
+    op_type_dict: dict[str, Any] = field(default_factory=dict)
+    op_name_dict: dict[str, Any] = field(default_factory=dict)
+    excluded_precisions: list[str] = field(default_factory=list)
+    backend: str | None = None
+    framework: str | None = None
+    accuracy_criterion: AccuracyCriterion = field(default_factory=AccuracyCriterion)
+    tuning_criterion: TuningCriterion = field(default_factory=TuningCriterion)
+
+    def __post_init__(self) -> None:
+        _choice("approach", self.approach, _APPROACHES)
+        _choice("quant_format", self.quant_format, _FORMATS)
+        if self.calibration_sampling_size < 1:
+            raise ConfigError(
+                f"calibration_sampling_size must be >= 1, not {self.calibration_sampling_size}"
+            )
+        for source, overrides in (
+            ("op_type_dict", self.op_type_dict),
+            ("op_name_dict", self.op_name_dict),
+        ):
+            for key, value in overrides.items():
+                _check_override(source, key, value)
+        for pattern in self.op_name_dict:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"op_name_dict key {pattern!r} is not a valid regular expression ({exc})"
+                ) from None
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain-JSON form; used to key tuning history for resume."""
+        data = asdict(self)
+        data["tuning_criterion"].pop("strategy_options", None)
+        data["tuning_criterion"]["strategy_options"] = self.tuning_criterion.strategy_options
+        return data
+
+
+def _check_override(source: str, key: str, value: Any) -> None:
+    if isinstance(value, str):
+        if value not in FLOAT_PRECISIONS:
+            raise ConfigError(
+                f"{source}[{key!r}] = {value!r}: a string override must be a float precision "
+                f"({', '.join(FLOAT_PRECISIONS)})",
+                hint="use a dict such as {'activation': {'algorithm': ['kl']}} to restrict options",
+            )
+        return
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}[{key!r}] must be a precision string or a dict")
+    for tensor, fields in value.items():
+        if tensor not in ("weight", "activation", "precision"):
+            raise ConfigError(
+                f"{source}[{key!r}] has unknown key {tensor!r}",
+                hint="use 'weight', 'activation' or 'precision'",
+            )
+        if tensor == "precision":
+            continue
+        if not isinstance(fields, dict):
+            raise ConfigError(f"{source}[{key!r}][{tensor!r}] must be a dict of option lists")
+        for name in fields:
+            if name not in _TENSOR_FIELDS:
+                raise ConfigError(
+                    f"{source}[{key!r}][{tensor!r}] has unknown option {name!r}",
+                    hint=f"options: {', '.join(_TENSOR_FIELDS)}",
+                )

@@ -1,0 +1,183 @@
+"""The tuning space: every op's allowed choices after applying the user's config.
+
+Built once per run from the adaptor's :class:`FrameworkCapability` and the user's
+:class:`PostTrainingQuantConfig`. Strategies only ever pick from here, so overrides,
+excluded precisions and the approach are honoured by every strategy alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .capability import FrameworkCapability
+from .config import PostTrainingQuantConfig
+from .errors import ConfigError
+from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
+
+_MODE_ORDER = {"static": 0, "dynamic": 1, "weight_only": 2, "qat": 3}
+
+
+@dataclass
+class TuningSpace:
+    """Per-op quantized choices (default first), float fallbacks and forced choices."""
+
+    choices: dict[OpKey, list[OpConfig]]
+    fallbacks: dict[OpKey, tuple[str, ...]]
+    forced: dict[OpKey, OpConfig] = field(default_factory=dict)
+    calib_sampling_size: int = 100
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ops(self) -> list[OpKey]:
+        """Every op of the space in graph order."""
+        return list(self.choices)
+
+    @property
+    def tunable_ops(self) -> list[OpKey]:
+        """Ops whose choice a strategy may change (not forced by the user)."""
+        return [key for key in self.choices if key not in self.forced]
+
+    def op_types(self) -> list[str]:
+        return list(dict.fromkeys(op_type for _, op_type in self.tunable_ops))
+
+    def fallback(self, key: OpKey) -> OpConfig:
+        return OpConfig.fallback(self.fallbacks[key][0])
+
+    def make(self, ops: Mapping[OpKey, OpConfig]) -> TuneConfig:
+        """A TuneConfig from per-op choices; forced ops always keep their forced choice."""
+        merged = {key: ops.get(key, self.choices[key][0]) for key in self.choices}
+        merged.update(self.forced)
+        return TuneConfig(
+            ops=merged, calib_sampling_size=self.calib_sampling_size, options=dict(self.options)
+        )
+
+    def default(self) -> TuneConfig:
+        return self.make({})
+
+    def all_fallback(self) -> TuneConfig:
+        return self.make({key: self.fallback(key) for key in self.choices})
+
+    def op_type_variants(self, op_type: str) -> list[OpConfig]:
+        """Distinct configs every tunable op of ``op_type`` allows, the default first."""
+        keys = [key for key in self.tunable_ops if key[1] == op_type]
+        if not keys:
+            return []
+        common = list(self.choices[keys[0]])
+        for key in keys[1:]:
+            allowed = set(self.choices[key])
+            common = [cfg for cfg in common if cfg in allowed]
+        return common
+
+
+def build_tuning_space(
+    capability: FrameworkCapability,
+    config: PostTrainingQuantConfig,
+    *,
+    has_calib_data: bool,
+    extra_options: Mapping[str, Any] | None = None,
+) -> TuningSpace:
+    """Apply approach, excluded precisions and op overrides to ``capability``."""
+    excluded = set(config.excluded_precisions)
+    choices: dict[OpKey, list[OpConfig]] = {}
+    fallbacks: dict[OpKey, tuple[str, ...]] = {}
+    forced: dict[OpKey, OpConfig] = {}
+    override_hits: dict[str, int] = {}
+
+    for key in capability.opwise:
+        name, op_type = key
+        fallbacks[key] = tuple(
+            p for p in capability.fallback_precisions(key) if p == "fp32" or p not in excluded
+        )
+        configs = [
+            cfg
+            for cfg in capability.op_configs(key)
+            if _mode_allowed(cfg.mode, config.approach, has_calib_data)
+            and not _uses_excluded(cfg, excluded)
+        ]
+        configs.sort(key=lambda cfg: _MODE_ORDER.get(cfg.mode or "", 9))
+        for source, pattern, override in _overrides_for(config, name, op_type):
+            override_hits[f"{source}[{pattern!r}]"] = (
+                override_hits.get(f"{source}[{pattern!r}]", 0) + 1
+            )
+            precision = override if isinstance(override, str) else override.get("precision")
+            if precision in FLOAT_PRECISIONS:
+                forced[key] = OpConfig.fallback(precision)
+                continue
+            if isinstance(override, dict):
+                before = len(configs)
+                configs = [cfg for cfg in configs if _matches(cfg, override)]
+                if before and not configs:
+                    raise ConfigError(
+                        f"{source}[{pattern!r}] allows none of the options the "
+                        f"{capability.framework} adaptor supports for op {name} ({op_type})",
+                        hint=f"run `lpq capability show {capability.framework}` to see them",
+                    )
+        if not configs and key not in forced:
+            forced[key] = OpConfig.fallback("fp32")
+        choices[key] = configs or [forced[key]]
+
+    for source, overrides in (
+        ("op_type_dict", config.op_type_dict),
+        ("op_name_dict", config.op_name_dict),
+    ):
+        for pattern in overrides:
+            if f"{source}[{pattern!r}]" not in override_hits:
+                raise ConfigError(
+                    f"{source}[{pattern!r}] matches no quantizable op of the model",
+                    hint="check the op type / name (lpq lists them in the tuning report)",
+                )
+
+    options: dict[str, Any] = dict(extra_options or {})
+    if config.quant_format != "default":
+        options["quant_format"] = config.quant_format
+    return TuningSpace(choices, fallbacks, forced, config.calibration_sampling_size, options)
+
+
+def _mode_allowed(mode: str | None, approach: str, has_calib_data: bool) -> bool:
+    if mode == "static" and not has_calib_data:
+        return False
+    if approach == "auto":
+        return mode in ("static", "dynamic")
+    return mode == approach
+
+
+def _uses_excluded(cfg: OpConfig, excluded: set[str]) -> bool:
+    dtypes = {cfg.precision}
+    dtypes |= {t.dtype for t in (cfg.weight, cfg.activation) if t is not None}
+    return bool(dtypes & excluded)
+
+
+def _overrides_for(
+    config: PostTrainingQuantConfig, name: str, op_type: str
+) -> list[tuple[str, str, Any]]:
+    found: list[tuple[str, str, Any]] = []
+    if op_type in config.op_type_dict:
+        found.append(("op_type_dict", op_type, config.op_type_dict[op_type]))
+    for pattern, override in config.op_name_dict.items():
+        if re.fullmatch(pattern, name):
+            found.append(("op_name_dict", pattern, override))
+    return found
+
+
+def _tensor_matches(tensor: TensorConfig | None, allowed: Mapping[str, Any]) -> bool:
+    if tensor is None:
+        return True
+    for field_name, values in allowed.items():
+        values = values if isinstance(values, list | tuple) else [values]
+        actual = (
+            tensor.options.get(field_name)
+            if field_name == "block_size"
+            else getattr(tensor, field_name)
+        )
+        if actual not in values:
+            return False
+    return True
+
+
+def _matches(cfg: OpConfig, override: Mapping[str, Any]) -> bool:
+    return _tensor_matches(cfg.weight, override.get("weight", {})) and _tensor_matches(
+        cfg.activation, override.get("activation", {})
+    )
