@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
 from .data import ArrayLoader, batch_size, load_npz, split_batch, take_samples
+from .discovery import installed_version
 from .errors import (
     CapabilityError,
     ConfigError,
@@ -24,17 +25,25 @@ from .errors import (
 from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric
 from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
-from .discovery import installed_version
 from .manager import PluginManager, get_plugin_manager
 from .plugin_types import AdaptorInfo, BackendProfile, Example
 from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 
 if TYPE_CHECKING:
     from .capability_loader import load_capability, validate_capability_file
+    from .config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
+    from .tuner import QuantizedModel, TuningResult, fit, quantize
 
 _LAZY = {
     "load_capability": "capability_loader",
     "validate_capability_file": "capability_loader",
+    "AccuracyCriterion": "config",
+    "PostTrainingQuantConfig": "config",
+    "TuningCriterion": "config",
+    "QuantizedModel": "tuner",
+    "TuningResult": "tuner",
+    "fit": "tuner",
+    "quantize": "tuner",
 }
 
 
@@ -49,6 +58,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "FLOAT_PRECISIONS",
+    "AccuracyCriterion",
     "AdaptorInfo",
     "ArrayLoader",
     "BackendProfile",
@@ -69,19 +79,25 @@ __all__ = [
     "OpKey",
     "PluginError",
     "PluginManager",
+    "PostTrainingQuantConfig",
     "QuantCapability",
+    "QuantizedModel",
     "TensorConfig",
     "TensorOptions",
     "TuneConfig",
+    "TuningCriterion",
     "TuningError",
+    "TuningResult",
     "__version__",
     "atomic_write",
     "batch_size",
+    "fit",
     "get_plugin_manager",
     "hookimpl",
     "installed_version",
     "load_capability",
     "load_npz",
+    "quantize",
     "split_batch",
     "take_samples",
     "validate_capability_file",

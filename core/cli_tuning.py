@@ -1,17 +1,337 @@
-"""`lpq quantize` and `lpq tune` (filled in with the tuning engine)."""
+"""`lpq quantize` (one configuration) and `lpq tune` (accuracy-aware search).
+
+CLI data are ``.npz`` files: one array per model input name (or a single array for a
+single-input model) and an optional ``labels`` array. Without labels, `lpq tune` scores
+agreement with the fp32 model's outputs.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
+
+from .errors import ConfigError
+
+_QUANT_OPTIONS = [
+    click.option("--framework", help="Adaptor to use (default: detected from the model)."),
+    click.option(
+        "--approach",
+        type=click.Choice(["auto", "static", "dynamic", "weight_only"]),
+        default="auto",
+        show_default=True,
+        help="Quantization approach.",
+    ),
+    click.option(
+        "--format",
+        "quant_format",
+        type=click.Choice(["default", "qdq", "qoperator"]),
+        default="default",
+        show_default=True,
+        help="Quantized graph format.",
+    ),
+    click.option("--activation-dtype", help="Preferred activation dtype, e.g. uint8 or int8."),
+    click.option("--weight-dtype", help="Preferred weight dtype, e.g. int8 or int4."),
+    click.option("--algorithm", help="Preferred calibration algorithm: minmax, kl, percentile."),
+    click.option(
+        "--granularity",
+        type=click.Choice(["per_channel", "per_tensor"]),
+        help="Preferred weight granularity.",
+    ),
+    click.option("--exclude-op-type", multiple=True, help="Keep this op type in fp32 (repeat)."),
+    click.option(
+        "--exclude-op-name",
+        multiple=True,
+        help="Keep ops whose name matches this regular expression in fp32 (repeat).",
+    ),
+    click.option("--backend", help="Backend profile name (see the adaptor's docs)."),
+    click.option(
+        "--calib-size",
+        type=click.IntRange(min=1),
+        default=100,
+        show_default=True,
+        help="Calibration samples to use.",
+    ),
+    click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=32,
+        show_default=True,
+        help="Batch size for reading .npz data.",
+    ),
+]
+
+
+def _with_options(options: list[Any]) -> Any:
+    def decorate(func: Any) -> Any:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) -> Any:
+    from .config import PostTrainingQuantConfig
+
+    defaults: dict[str, Any] = {}
+    if kw.get("activation_dtype"):
+        defaults.setdefault("activation", {})["dtype"] = [kw["activation_dtype"]]
+    if kw.get("algorithm"):
+        defaults.setdefault("activation", {})["algorithm"] = [kw["algorithm"]]
+    if kw.get("weight_dtype"):
+        defaults.setdefault("weight", {})["dtype"] = [kw["weight_dtype"]]
+    if kw.get("granularity"):
+        defaults.setdefault("weight", {})["granularity"] = [kw["granularity"]]
+    extra: dict[str, Any] = {}
+    if accuracy is not None:
+        extra["accuracy_criterion"] = accuracy
+    if tuning is not None:
+        extra["tuning_criterion"] = tuning
+    return PostTrainingQuantConfig(
+        approach=kw["approach"],
+        quant_format=kw["quant_format"],
+        calibration_sampling_size=kw["calib_size"],
+        op_type_dict={t: "fp32" for t in kw["exclude_op_type"]},
+        op_name_dict={n: "fp32" for n in kw["exclude_op_name"]},
+        op_defaults=defaults,
+        backend=kw.get("backend"),
+        framework=kw.get("framework"),
+        **extra,
+    )
+
+
+def _model_arg(model: str) -> str:
+    if not Path(model).exists():
+        raise ConfigError(f"model {model} does not exist", hint="check the path")
+    return model
+
+
+def _default_out(framework: str, stem: str) -> Path:
+    from .manager import get_plugin_manager
+
+    suffixes = get_plugin_manager().adaptor(framework).model_suffixes
+    return Path(f"{stem}-quantized{suffixes[0] if suffixes else ''}")
 
 
 @click.command("quantize")
-def quantize_command() -> None:
-    """Quantize a model with one configuration (no tuning)."""
-    raise click.UsageError("not available yet")
+@click.argument("model")
+@click.option("--calib", type=click.Path(dir_okay=False), help="Calibration data (.npz).")
+@click.option("--out", type=click.Path(), help="Where to write the quantized model.")
+@_with_options(_QUANT_OPTIONS)
+def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) -> None:
+    """Quantize MODEL with one configuration (the adaptor's defaults plus your options)."""
+    from rich.console import Console
+
+    from .data import load_npz
+    from .tuner import quantize
+
+    console = Console(highlight=False)
+    calib_data = load_npz(calib, kw["batch_size"]) if calib else None
+    result = quantize(_model_arg(model), _build_config(kw), calib_data)
+    target = Path(out) if out else _default_out(result.framework, Path(model).stem)
+    written = result.save(target)
+    ops = result.tune_cfg.ops.values()
+    console.print(
+        f"quantized {sum(c.quantized for c in ops)} of {len(ops)} ops "
+        f"({result.framework}); wrote {written}"
+    )
 
 
 @click.command("tune")
-def tune_command() -> None:
-    """Find the fastest quantized model within an accuracy tolerance."""
-    raise click.UsageError("not available yet")
+@click.argument("model", required=False)
+@click.option("--example", help="Run a built-in example instead of MODEL (e.g. digits).")
+@click.option("--calib", type=click.Path(dir_okay=False), help="Calibration data (.npz).")
+@click.option(
+    "--eval",
+    "eval_data",
+    type=click.Path(dir_okay=False),
+    help="Evaluation data (.npz, with a 'labels' array or compared with fp32).",
+)
+@click.option(
+    "--metric",
+    help="Metric: top1, top5, f1, mse, cosine, agreement ... "
+    "(default: top1 with labels, agreement without).",
+)
+@click.option(
+    "--tolerable-loss",
+    type=float,
+    default=0.01,
+    show_default=True,
+    help="Accuracy loss allowed (relative: 0.01 = 1%).",
+)
+@click.option("--absolute", is_flag=True, help="Tolerable loss is absolute, in metric units.")
+@click.option(
+    "--strategy",
+    default="auto",
+    show_default=True,
+    help="auto, basic, conservative, mse, exhaustive, random, or a plugin's.",
+)
+@click.option("--max-trials", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0), default=0, help="Seconds (0: none).")
+@click.option(
+    "--objective",
+    type=click.Choice(["performance", "modelsize", "footprint"]),
+    default="performance",
+    show_default=True,
+)
+@click.option(
+    "--exit-policy",
+    type=click.Choice(["first_hit", "best"]),
+    default="first_hit",
+    show_default=True,
+    help="Stop at the first config meeting the goal, or search the budget for the best objective.",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False),
+    default="lpq-workspace",
+    show_default=True,
+    help="History folder; re-running resumes from it.",
+)
+@click.option("--seed", type=int, default=1978, show_default=True)
+@click.option("--out", type=click.Path(), help="Where to write the chosen quantized model.")
+@_with_options(_QUANT_OPTIONS)
+def tune_command(
+    model: str | None,
+    example: str | None,
+    calib: str | None,
+    eval_data: str | None,
+    metric: str | None,
+    tolerable_loss: float,
+    absolute: bool,
+    strategy: str,
+    max_trials: int,
+    timeout: float,
+    objective: str,
+    exit_policy: str,
+    workspace: str,
+    seed: int,
+    out: str | None,
+    **kw: Any,
+) -> None:
+    """Find the fastest quantized MODEL whose accuracy stays within the tolerable loss."""
+    from .config import AccuracyCriterion, TuningCriterion
+    from .data import load_npz
+    from .manager import get_plugin_manager
+
+    if example:
+        if model or calib or eval_data:
+            raise ConfigError("--example runs a built-in example; don't pass MODEL/--calib/--eval")
+        chosen = get_plugin_manager().example(example)
+        model, calib, eval_data = str(chosen.model), str(chosen.calib), str(chosen.eval)
+        metric = metric or chosen.metric
+        kw["framework"] = kw.get("framework") or chosen.framework
+        out = out or str(
+            Path(workspace) / f"example-{example}" / f"{example}-quantized{chosen.model.suffix}"
+        )
+    if not model:
+        raise ConfigError(
+            "give a MODEL to tune, or --example NAME",
+            hint="e.g. lpq tune model.onnx --calib calib.npz --eval eval.npz",
+        )
+    if not eval_data:
+        raise ConfigError(
+            "lpq tune needs --eval DATA to measure accuracy",
+            hint="use `lpq quantize` for one configuration without tuning",
+        )
+    config = _build_config(
+        kw,
+        AccuracyCriterion(
+            tolerable_loss=tolerable_loss, criterion="absolute" if absolute else "relative"
+        ),
+        TuningCriterion(
+            strategy=strategy,
+            max_trials=max_trials,
+            timeout=timeout,
+            objective=objective,
+            exit_policy=exit_policy,  # type: ignore[arg-type]
+            seed=seed,
+        ),
+    )
+    calib_data = load_npz(calib, kw["batch_size"]) if calib else None
+    eval_loader = load_npz(eval_data, kw["batch_size"])
+    _run_tuning(_model_arg(model), config, calib_data, eval_loader, metric, workspace, out)
+
+
+def _run_tuning(
+    model: str,
+    config: Any,
+    calib: Any,
+    eval_loader: Any,
+    metric: str | None,
+    workspace: str,
+    out: str | None,
+) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .fileio import write_json
+    from .report import summary_lines, trials_table, write_plot
+    from .tuner import fit
+
+    console = Console(highlight=False)
+    console.print(
+        f"[bold]lpq tune[/] {model} (strategy {config.tuning_criterion.strategy}, "
+        f"tolerable loss {config.accuracy_criterion.tolerable_loss:g} "
+        f"{config.accuracy_criterion.criterion})"
+    )
+    progress = Progress(
+        TextColumn("trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=True,
+    )
+
+    with progress:
+        task = progress.add_task("", total=config.tuning_criterion.max_trials)
+
+        def on_trial(record: Any) -> None:
+            status = "meets goal" if record.meets_goal else (record.error or "misses goal")
+            progress.update(
+                task,
+                advance=1,
+                description=f"#{record.index} {record.stage}: {record.accuracy:.4f} ({status})",
+            )
+            console.print(
+                f"  trial {record.index:>2} {record.stage:<28} accuracy "
+                f"{record.accuracy:.4f}  {'goal met' if record.meets_goal else ''}"
+                f"{' (resumed)' if record.resumed else ''}"
+            )
+
+        try:
+            result = fit(
+                model,
+                config,
+                calib,
+                eval_dataloader=eval_loader,
+                eval_metric=metric,
+                workspace=workspace,
+                on_trial=on_trial,
+            )
+        except KeyboardInterrupt:
+            console.print(
+                "[yellow]interrupted[/]: finished trials are saved in "
+                f"{workspace}; run the same command again to resume"
+            )
+            raise SystemExit(130) from None
+
+    console.print(trials_table(result.baseline, result.trials, result.best.index))
+    target = Path(out) if out else _default_out(result.framework, Path(model).stem)
+    written = result.save(target)
+    summary = {**result.summary(), "model": str(written), "tune_cfg": result.tune_cfg.to_json()}
+    folder = result.history_path.parent if result.history_path else Path(workspace)
+    write_json(folder / "summary.json", summary)
+    plotted = write_plot(
+        folder / "accuracy_vs_latency.svg", result.baseline, result.trials, result.best.index
+    )
+    for line in summary_lines(summary):
+        console.print(line)
+    console.print(f"quantized model: {written}")
+    console.print(
+        f"summary: {folder / 'summary.json'}"
+        + (f"; plot: {folder / 'accuracy_vs_latency.svg'}" if plotted else "")
+    )

@@ -114,6 +114,9 @@ class PostTrainingQuantConfig:
     op_type_dict: dict[str, Any] = field(default_factory=dict)
     op_name_dict: dict[str, Any] = field(default_factory=dict)
     excluded_precisions: list[str] = field(default_factory=list)
+    #: Preferred options for every op, e.g. ``{"activation": {"algorithm": ["kl"]}}``. Unlike
+    #: the op dicts this is lenient: an op that allows none of them keeps its own options.
+    op_defaults: dict[str, Any] = field(default_factory=dict)
     backend: str | None = None
     framework: str | None = None
     accuracy_criterion: AccuracyCriterion = field(default_factory=AccuracyCriterion)
@@ -132,6 +135,10 @@ class PostTrainingQuantConfig:
         ):
             for key, value in overrides.items():
                 _check_override(source, key, value)
+        if self.op_defaults:
+            if not isinstance(self.op_defaults, dict) or "precision" in self.op_defaults:
+                raise ConfigError("op_defaults must be a dict of 'weight'/'activation' options")
+            _check_override("op_defaults", "*", self.op_defaults)
         for pattern in self.op_name_dict:
             try:
                 re.compile(pattern)

@@ -98,6 +98,8 @@ def build_tuning_space(
             and not _uses_excluded(cfg, excluded)
         ]
         configs.sort(key=lambda cfg: _MODE_ORDER.get(cfg.mode or "", 9))
+        preferred = [cfg for cfg in configs if _matches(cfg, config.op_defaults)]
+        configs = preferred or configs
         for source, pattern, override in _overrides_for(config, name, op_type):
             override_hits[f"{source}[{pattern!r}]"] = (
                 override_hits.get(f"{source}[{pattern!r}]", 0) + 1
