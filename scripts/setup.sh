@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install lpq-core, every plugin of this repo (editable)
+# and their frameworks. Idempotent: re-running only installs what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+# torch first and pinned: the CPU build. Anything unpinned would pull CUDA wheels.
+$PIP install --quiet "torch==2.13.0"
+$PIP install --quiet -e ".[dev]" -e plugins/lpq-onnxrt -e plugins/lpq-torch
