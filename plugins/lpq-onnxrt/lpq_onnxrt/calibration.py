@@ -19,6 +19,7 @@ The framework (onnx, onnxruntime) is imported only inside :func:`collect_statist
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -27,13 +28,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from lpq import ConfigError, DataError, ModelError
+from lpq import ConfigError, DataError, ModelError, atomic_write
 
 if TYPE_CHECKING:
     import onnx
     import onnxruntime
 
 ALGORITHMS = ("minmax", "kl", "percentile")
+_FORMAT = "lpq-calibration-stats/1"
 
 # Candidate thresholds evaluated in the coarse pass of the KL search; the best one is
 # then refined bin by bin. Keeps kl at O(num_bins * _KL_COARSE_STEPS) per tensor.
@@ -91,12 +93,14 @@ class _TensorHistogram:
     def _bin(self, flat: np.ndarray) -> None:
         n = self.num_bins
         scale = n / self.bound  # a power of two: the multiplication below is exact
-        magnitude = np.abs(flat)
-        if magnitude.dtype != np.float64 and not 2.0**-100 < scale < 2.0**100:
-            magnitude = magnitude.astype(np.float64)  # keep float32 from overflowing
-        index = (magnitude * magnitude.dtype.type(scale)).astype(np.int64)
-        np.minimum(index, n - 1, out=index)
-        index[flat < 0] += n  # negatives counted in the second half
+        if flat.dtype != np.float64 and not 2.0**-100 < scale < 2.0**100:
+            flat = flat.astype(np.float64)  # keep float32 from overflowing
+        scaled = flat * flat.dtype.type(scale)
+        np.abs(scaled, out=scaled)
+        np.minimum(scaled, n - 1, out=scaled)
+        index = scaled.astype(np.intp)  # floor of |x| / bin width
+        del scaled
+        np.add(index, n, out=index, where=flat < 0)  # negatives: second half
         counts = np.bincount(index, minlength=2 * n)
         self.positive += counts[:n]
         self.negative += counts[n:]
@@ -227,6 +231,49 @@ class CalibrationStats:
         result = (min(float(lo), 0.0), max(float(hi), 0.0))
         self._cache[key] = result
         return result
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the statistics to an ``.npz`` file (atomically), for :meth:`load`.
+
+        Lets a later tuning run compute ranges for new algorithms or schemes without
+        running the calibration data through the model again.
+        """
+        tensors: list[list[Any]] = []
+        arrays: dict[str, np.ndarray] = {}
+        for i, (name, h) in enumerate(self._tensors.items()):
+            tensors.append([name, h.minimum, h.maximum, h.count, h.nonfinite, h.bound])
+            arrays[f"positive_{i}"] = h.positive
+            arrays[f"negative_{i}"] = h.negative
+        meta = {"format": _FORMAT, "num_bins": self.num_bins, "tensors": tensors}
+        arrays["meta"] = np.array(json.dumps(meta))
+        with atomic_write(path, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CalibrationStats:
+        """Read statistics written by :meth:`save`."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                if meta.get("format") != _FORMAT:
+                    raise ValueError(f"unknown format {meta.get('format')!r}")
+                stats = cls(int(meta["num_bins"]))
+                for i, (name, lo, hi, count, nonfinite, bound) in enumerate(meta["tensors"]):
+                    h = _TensorHistogram(stats.num_bins, lo, hi, count, nonfinite, bound)
+                    h.positive = data[f"positive_{i}"].astype(np.int64)
+                    h.negative = data[f"negative_{i}"].astype(np.int64)
+                    if (
+                        h.positive.shape != (stats.num_bins,)
+                        or h.negative.shape != h.positive.shape
+                    ):
+                        raise ValueError(f"histogram of {name!r} has the wrong size")
+                    stats._tensors[name] = h
+        except (OSError, KeyError, ValueError, TypeError) as error:
+            raise DataError(
+                f"cannot read calibration statistics from {os.fspath(path)!r}: {error}",
+                hint="delete the file and calibrate again",
+            ) from error
+        return stats
 
     def _get(self, name: str) -> _TensorHistogram:
         try:

@@ -258,3 +258,36 @@ def test_collect_statistics_rejects_bad_input() -> None:
         collect_statistics(model, ["r"], [{"z": good["x"]}])
     with pytest.raises(lpq.DataError, match="could not run"):
         collect_statistics(model, ["r"], [{"x": np.ones((2, 3), dtype=np.float32)}])
+
+
+def test_kl_with_more_levels_than_bins_keeps_the_full_range(gaussian: np.ndarray) -> None:
+    stats = _stats(gaussian)
+    assert stats.compute_range("t", "kl", symmetric=True, num_quant_levels=65536) == (-70.0, 70.0)
+
+
+def test_kl_one_sided_negative_data() -> None:
+    data = -np.abs(np.random.default_rng(5).normal(size=50_000))
+    data[:3] = [-40.0, -50.0, -45.0]
+    lo, hi = _stats(data).compute_range("t", "kl", symmetric=False)
+    assert hi == 0.0
+    assert -50.0 < lo < -3.0
+
+
+def test_save_and_load_round_trip(gaussian: np.ndarray, tmp_path) -> None:
+    stats = _stats(gaussian, chunks=3)
+    stats.update("nan", np.array([np.nan, 1.0]))
+    stats.update("empty", np.zeros(0))
+    path = tmp_path / "stats.npz"
+    stats.save(path)
+    loaded = CalibrationStats.load(path)
+    assert loaded.tensor_names() == stats.tensor_names()
+    assert loaded.nonfinite_count("nan") == 1
+    for algorithm in ("minmax", "kl", "percentile"):
+        for symmetric in (True, False):
+            expected = stats.compute_range("t", algorithm, symmetric=symmetric)
+            assert loaded.compute_range("t", algorithm, symmetric=symmetric) == expected
+    loaded.update("t", np.array([100.0]))  # still streams after loading
+    assert loaded.compute_range("t", "minmax", symmetric=False)[1] == 100.0
+    (tmp_path / "bad.npz").write_bytes(b"not a zip file")
+    with pytest.raises(lpq.DataError, match="calibrate again"):
+        CalibrationStats.load(tmp_path / "bad.npz")
