@@ -1,0 +1,139 @@
+"""Shared fixtures for lpq-core's tests.
+
+Most plugin tests need *installed distributions*, not just plugin objects, because
+discovery reads entry-point metadata. :func:`fake_site` builds them cheaply and for real:
+a ``<name>.dist-info`` folder (``METADATA`` + ``entry_points.txt``) and a module in a
+temporary directory, which ``importlib.metadata`` discovers exactly like a pip install
+once the directory is on ``sys.path`` (in-process) or ``PYTHONPATH`` (subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from lpq import discovery
+from lpq import manager as manager_module
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Module source of a well-behaved plugin; ``{framework}`` is substituted.
+GOOD_PLUGIN = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_register_adaptors(register):
+    register(lpq.AdaptorInfo("{framework}", "{framework}-runtime", []))
+
+
+@lpq.hookimpl
+def lpq_detect_framework(model):
+    return "{framework}" if model == "{framework}-model" else None
+"""
+
+RAISING_PLUGIN = 'raise RuntimeError("toy plugin exploded while importing")\n'
+
+#: ``colour`` is not a parameter of the ``lpq_register_adaptors`` spec.
+WRONG_SIGNATURE_PLUGIN = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_register_adaptors(register, colour):
+    raise AssertionError("never called: registration must fail validation first")
+"""
+
+
+@dataclass
+class FakeSite:
+    """A directory of fake installed distributions."""
+
+    path: Path
+    modules: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        dist: str,
+        plugin: str,
+        source: str,
+        *,
+        module: str | None = None,
+        requires_core: str | None = ">=0.1",
+        version: str = "1.0",
+    ) -> str:
+        """Install distribution ``dist`` whose entry point ``plugin`` is a module with
+        ``source``; returns the module name."""
+        module = module or f"{dist.replace('-', '_')}_plugin"
+        (self.path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.path / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        metadata = [
+            "Metadata-Version: 2.1",
+            f"Name: {dist}",
+            f"Version: {version}",
+        ]
+        if requires_core is not None:
+            metadata.append(f"Requires-Dist: lpq-core{requires_core}")
+        metadata.append("Requires-Dist: pytest; extra == 'test'")
+        (info / "METADATA").write_text("\n".join(metadata) + "\n")
+        (info / "entry_points.txt").write_text(f"[lpq]\n{plugin} = {module}\n")
+        self.modules.append(module)
+        return module
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a subprocess that sees these distributions."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LPQ_")}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.path), env.get("PYTHONPATH", "")) if p
+        )
+        env.update(extra)
+        return env
+
+
+@pytest.fixture
+def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSite]:
+    """Fake distributions visible to this process, with a fresh plugin manager.
+
+    Undoes everything afterwards: ``sys.path``, imported plugin modules, the cached
+    entry-point metadata and the process-wide manager.
+    """
+    site = FakeSite(tmp_path / "site")
+    site.path.mkdir()
+    monkeypatch.syspath_prepend(str(site.path))
+    for variable in (discovery.ENV_ALLOW, discovery.ENV_DENY, discovery.ENV_STRICT):
+        monkeypatch.delenv(variable, raising=False)
+    saved_manager = manager_module._manager
+    manager_module.reset_plugin_manager()
+    discovery.clear_cache()
+    try:
+        yield site
+    finally:
+        for module in site.modules:
+            sys.modules.pop(module, None)
+        manager_module._manager = saved_manager
+        discovery.clear_cache()
+
+
+@pytest.fixture
+def run_lpq() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``python -m lpq ARGS`` in a subprocess and return the completed process."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lpq", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    return run
