@@ -31,7 +31,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise CapabilityError(
                     f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
@@ -97,7 +97,7 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise CapabilityError(f"{source}: cannot read the file ({exc})") from exc
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except CapabilityError as exc:
         raise CapabilityError(f"{source}: {exc.message}", hint=exc.hint) from None
@@ -125,10 +125,10 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if errors:
         # The deepest error is usually the precise one (e.g. a bad enum value).
         best = max(errors, key=lambda e: len(e.path))
-        path = tuple(best.absolute_path)
+        error_path: JsonPath = tuple(best.absolute_path)
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         raise CapabilityError(
-            _error(source, lines, path, _describe(best)) + more,
+            _error(source, lines, error_path, _describe(best)) + more,
             hint="see docs/capability-yaml.md for the allowed fields and values",
         )
     _check_semantics(data, source, lines)

@@ -28,8 +28,10 @@ def _version_text() -> str:
 
     lines = [f"lpq-core {__version__}"]
     for record in get_plugin_manager().records():
-        lines.append(f"{record.distribution} {record.version} (plugin {record.name!r}, "
-                     f"{record.status.value})")
+        lines.append(
+            f"{record.distribution} {record.version} (plugin {record.name!r}, "
+            f"{record.status.value})"
+        )
     return "\n".join(lines)
 
 
@@ -40,8 +42,14 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
-              callback=_print_version, help="Show the versions of lpq-core and every plugin.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the versions of lpq-core and every plugin.",
+)
 def cli() -> None:
     """lpq: accuracy-aware low-precision quantization.
 
@@ -88,8 +96,14 @@ def plugins_list(as_json: bool) -> None:
             for fw in record.frameworks
         )
         status = f"[{colors.get(record.status.value, 'white')}]{record.status.value}[/]"
-        table.add_row(record.name, record.distribution, record.version, status,
-                      frameworks or "-", ", ".join(h.removeprefix("lpq_") for h in record.hooks))
+        table.add_row(
+            record.name,
+            record.distribution,
+            record.version,
+            status,
+            frameworks or "-",
+            ", ".join(h.removeprefix("lpq_") for h in record.hooks),
+        )
     console.print(table)
     for record in records:
         if record.message and record.status.value != "disabled":
@@ -127,8 +141,9 @@ def capability_validate(files: tuple[str, ...]) -> None:
 
 @capability.command("show")
 @click.argument("framework")
-@click.option("--framework-version", help="Pick the block for this version instead of the "
-              "installed one.")
+@click.option(
+    "--framework-version", help="Pick the block for this version instead of the installed one."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def capability_show(framework: str, framework_version: str | None, as_json: bool) -> None:
     """Show what FRAMEWORK's adaptor can quantize for the installed framework version."""
@@ -139,7 +154,7 @@ def capability_show(framework: str, framework_version: str | None, as_json: bool
     info = get_plugin_manager().adaptor(framework)
     version = framework_version or installed_version(info.framework_distribution)
     spec = load_capability(info.capability_files, framework, version)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "op_type": op_type,
             "precision": cap.precision,
@@ -152,19 +167,36 @@ def capability_show(framework: str, framework_version: str | None, as_json: bool
         for cap in spec.for_op_type(op_type)
     ]
     if as_json:
-        click.echo(json.dumps({"framework": framework, "framework_version": version,
-                               "version_block": spec.version_block, "ops": rows,
-                               "patterns": [" + ".join(p) for p in spec.patterns]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "framework": framework,
+                    "framework_version": version,
+                    "version_block": spec.version_block,
+                    "ops": rows,
+                    "patterns": [" + ".join(p) for p in spec.patterns],
+                },
+                indent=2,
+            )
+        )
         return
     from rich.table import Table
 
-    table = Table(title=f"{framework} capability ({info.framework_distribution} "
-                  f"{version or 'not installed'}; block {spec.version_block})")
+    table = Table(
+        title=f"{framework} capability ({info.framework_distribution} "
+        f"{version or 'not installed'}; block {spec.version_block})"
+    )
     for column in ("op type", "precision", "mode", "weight", "activation", "fallback"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["op_type"], row["precision"], row["mode"], row["weight"],
-                      row["activation"], ", ".join(row["fallback"]))
+        table.add_row(
+            row["op_type"],
+            row["precision"],
+            row["mode"],
+            row["weight"],
+            row["activation"],
+            ", ".join(row["fallback"]),
+        )
     _console().print(table)
 
 

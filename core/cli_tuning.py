@@ -245,7 +245,7 @@ def tune_command(
             strategy=strategy,
             max_trials=max_trials,
             timeout=timeout,
-            objective=objective,
+            objective=objective,  # type: ignore[arg-type]
             exit_policy=exit_policy,  # type: ignore[arg-type]
             seed=seed,
         ),

@@ -148,13 +148,14 @@ class PluginManager:
                 self._pm.unregister(plugin)
             for kind, key in [k for k, owner in self._owners.items() if owner == name]:
                 del self._owners[(kind, key)]
-                {
+                registries: dict[str, dict[str, Any]] = {
                     "adaptor": self.adaptors,
                     "strategy": self.strategies,
                     "metric": self.metrics,
                     "backend": self.backend_profiles,
                     "example": self.examples,
-                }[kind].pop(key, None)
+                }
+                registries[kind].pop(key, None)
             self._records.pop(name, None)
 
     def _fail(self, record: PluginRecord, message: str, hint: str, exc: BaseException) -> None:

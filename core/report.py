@@ -82,7 +82,7 @@ def write_plot(path: Path, baseline: TrialRecord, trials: list[TrialRecord], bes
     points = [t for t in trials if t.status == "ok" and t.latency_ms and not math.isnan(t.accuracy)]
     if not points or not baseline.latency_ms:
         return False
-    xs = [t.latency_ms for t in points] + [baseline.latency_ms]
+    xs = [t.latency_ms or 0.0 for t in points] + [baseline.latency_ms]
     ys = [t.accuracy for t in points] + [baseline.accuracy]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     w, h, pad = 480, 320, 50

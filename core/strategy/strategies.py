@@ -126,15 +126,15 @@ class AutoStrategy(Strategy):
         default = space.default()
         record = ctx.evaluate(default, "default")
         order = [k for k in space.tunable_ops if default.ops[k].quantized]
-        if ctx.meets_goal(record):
-            hit: int | None = 0
-        else:
+        hit = 0
+        if not ctx.meets_goal(record):
             order = rank_by_sensitivity(
                 ctx, default, lambda: _probe_op_by_op(ctx, default, "probe op by op")
             )
-            hit = self._grow_fallback(ctx, default, order)
-            if hit is None:
+            grown = self._grow_fallback(ctx, default, order)
+            if grown is None:
                 return
+            hit = grown
         # Budget left (exit policy "best"): fewer fallbacks, then better options.
         hit = self._narrow(ctx, default, order, hit)
         self._requantize_greedily(ctx, fall_back(space, default, order[:hit]), order[:hit])
