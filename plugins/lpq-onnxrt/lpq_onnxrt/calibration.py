@@ -23,7 +23,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -247,7 +247,8 @@ class CalibrationStats:
         meta = {"format": _FORMAT, "num_bins": self.num_bins, "tensors": tensors}
         arrays["meta"] = np.array(json.dumps(meta))
         with atomic_write(path, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
+            savez: Any = np.savez_compressed  # numpy's stub mistypes **arrays
+            savez(handle, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CalibrationStats:
@@ -409,9 +410,10 @@ def collect_statistics(
     """Run ``model`` on every feed and stream the named tensors into :class:`CalibrationStats`.
 
     The model is copied and the requested intermediate tensors become graph outputs;
-    graph inputs are read from the feeds and initializers from the model itself. Graph
-    optimizations are disabled on the session (on ``session_options`` too, when given)
-    so that intermediate tensor names survive. Each feed's outputs are folded into the
+    graph inputs are read from the feeds and initializers from the model itself. The
+    session runs on the CPU with graph optimizations disabled, so that intermediate
+    tensor names survive; thread and logging settings come from ``session_options``
+    (which is not modified). Each feed's outputs are folded into the
     histograms and dropped before the next feed runs, so memory stays flat.
     """
     import onnx
@@ -493,9 +495,7 @@ def _make_session(
 ) -> onnxruntime.InferenceSession:
     import onnxruntime
 
-    if options is None:
-        options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options = _unoptimized_copy(options)
     providers = ["CPUExecutionProvider"]
     try:
         if model.ByteSize() < _MAX_INLINE_MODEL_BYTES:
@@ -515,6 +515,37 @@ def _make_session(
         ) from error
 
 
+# Plain SessionOptions settings carried over from the caller's options.
+_COPIED_OPTIONS = (
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "execution_mode",
+    "log_severity_level",
+    "log_verbosity_level",
+    "enable_cpu_mem_arena",
+    "enable_mem_pattern",
+    "use_deterministic_compute",
+)
+
+
+def _unoptimized_copy(
+    options: onnxruntime.SessionOptions | None,
+) -> onnxruntime.SessionOptions:
+    """Fresh session options with graph optimizations off (so tensor names survive).
+
+    A copy, because callers reuse their options for evaluation sessions, which must
+    stay optimized.
+    """
+    import onnxruntime
+
+    fresh = onnxruntime.SessionOptions()
+    if options is not None:
+        for name in _COPIED_OPTIONS:
+            setattr(fresh, name, getattr(options, name))
+    fresh.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return fresh
+
+
 def _with_progress(feeds: Iterable[Any], enabled: bool) -> Iterable[Any]:
     """Yield ``feeds`` while showing a progress bar on an interactive terminal."""
     from rich.console import Console
@@ -525,7 +556,7 @@ def _with_progress(feeds: Iterable[Any], enabled: bool) -> Iterable[Any]:
         return
     from rich.progress import Progress
 
-    total = len(feeds) if hasattr(feeds, "__len__") else None
+    total = len(feeds) if isinstance(feeds, Sized) else None
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("calibrating", total=total)
         for feed in feeds:

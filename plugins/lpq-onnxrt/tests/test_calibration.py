@@ -291,3 +291,16 @@ def test_save_and_load_round_trip(gaussian: np.ndarray, tmp_path) -> None:
     (tmp_path / "bad.npz").write_bytes(b"not a zip file")
     with pytest.raises(lpq.DataError, match="calibrate again"):
         CalibrationStats.load(tmp_path / "bad.npz")
+
+
+def test_collect_statistics_leaves_the_callers_session_options_alone() -> None:
+    import onnxruntime
+
+    model, _ = _mlp_model()
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    level = options.graph_optimization_level
+    feeds = [{"x": np.ones((2, 8), dtype=np.float32)}]
+    stats = collect_statistics(model, ["r"], feeds, session_options=options)
+    assert stats.count("r") == 32
+    assert options.graph_optimization_level == level
