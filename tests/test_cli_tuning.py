@@ -11,9 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from lpq.cli import main
+from onnx import TensorProto, helper, numpy_helper
 
 
 def small_mlp(path: Path, seed: int = 0) -> Path:
