@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from lpq.cli import main
 from onnx import TensorProto, helper, numpy_helper
+
+from lpq.cli import main
 
 
 def small_mlp(path: Path, seed: int = 0) -> Path:
@@ -20,7 +22,7 @@ def small_mlp(path: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     nodes, inits, prev = [], [], "input"
     sizes = [16, 32, 32, 4]
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         inits += [
             numpy_helper.from_array(
                 rng.normal(0, n_in**-0.5, (n_in, n_out)).astype(np.float32), f"w{i}"
