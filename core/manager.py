@@ -105,7 +105,9 @@ class PluginManager:
         with self._lock:
             rec = self._records.get(name)
             if rec is None:
-                rec = PluginRecord(name=name, distribution="<registered>", version="", entry_point="")
+                rec = PluginRecord(
+                    name=name, distribution="<registered>", version="", entry_point=""
+                )
                 if record:
                     self._records[name] = rec
             try:
