@@ -1,0 +1,126 @@
+"""lpq_inspect_tensor: capture per-op activations and weights, fp32 or quantized alike.
+
+A PT2E graph has no submodule per conv/linear (they are ``call_function`` nodes), so
+``nn.Module`` forward hooks cannot see its ops. Instead both the fp32 model (exported on
+the fly) and the quantized graph run under a :class:`torch.fx.Interpreter` whose
+``run_node`` acts as a per-node forward hook, keyed by the lpq op name stamped on each
+node (:mod:`lpq_torch.graph`).
+
+What is captured for an op: its output, taken *after* a directly following batch norm.
+prepare_pt2e folds batch norm into the conv weights, so the quantized conv node already
+produces "conv + bn"; capturing after the fp32 batch norm makes both sides comparable.
+Quantized values are captured as the dequantized float tensors the graph computes with.
+Weights are the values feeding the op (dequantized for quantized models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from lpq import ConfigError, DataError, Inspection, split_batch
+
+from . import graph
+from .data import CallArgs, call_args, first_batch, require_module
+
+_BATCH_NORM = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
+def _activation_node(node: torch.fx.Node) -> torch.fx.Node:
+    if len(node.users) == 1:
+        user = next(iter(node.users))
+        if str(user.target) in _BATCH_NORM:
+            if str(user.target).endswith("default") and "legit" in str(user.target):
+                getitems = [u for u in user.users if u.args[1:] == (0,)]
+                return getitems[0] if getitems else node
+            return user
+    return node
+
+
+class _Capture(torch.fx.Interpreter):
+    """Runs a graph and records the outputs of chosen nodes (a node-level forward hook)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, wanted: dict[torch.fx.Node, Any]) -> None:
+        super().__init__(gm)
+        self.wanted = wanted
+        self.seen: dict[Any, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if n in self.wanted:
+            self.seen[self.wanted[n]] = result
+        return result
+
+
+def _graph_of(model: Any, dataloader: Iterable[Any]) -> torch.fx.GraphModule:
+    module = require_module(model)
+    if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
+        return module
+    return graph.export(module, first_batch(dataloader)).module()
+
+
+def _flat_inputs(args: CallArgs) -> list[Any]:
+    leaves, _ = pytree.tree_flatten((args[0], args[1]))
+    return leaves
+
+
+def inspect_tensor(
+    model: Any,
+    dataloader: Iterable[Any],
+    op_names: Sequence[str] | None,
+    kind: str,
+    iteration: int | None,
+) -> Inspection:
+    gm = _graph_of(model, dataloader)
+    nodes = {key[0]: node for key, node in graph.quantizable_nodes(gm)}
+    names = list(nodes) if op_names is None else list(op_names)
+    missing = [name for name in names if name not in nodes]
+    if missing:
+        raise ConfigError(
+            f"no quantizable op named {', '.join(missing[:5])} in the model",
+            hint="use op names from the capability query",
+        )
+    wanted: dict[torch.fx.Node, Any] = {}
+    if kind in ("activation", "both"):
+        for name in names:
+            wanted[_activation_node(nodes[name])] = ("act", name)
+    if kind in ("weight", "both"):
+        for name in names:
+            node = nodes[name]
+            if graph.op_type_of(node) == "matmul":
+                continue  # activation x activation: no weights
+            for label, arg in zip(("weight", "bias"), node.args[1:3]):
+                if isinstance(arg, torch.fx.Node):
+                    wanted[arg] = ("w", name, label)
+    result = Inspection()
+    batches = 0
+    with torch.no_grad():
+        for item in dataloader:
+            if iteration is not None and batches >= iteration:
+                break
+            capture = _Capture(gm, wanted)
+            try:
+                capture.run(*_flat_inputs(call_args(split_batch(item)[0])))
+            except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+                raise DataError(
+                    f"the model could not run on the inspection data: {exc}",
+                    hint="pass inputs with the shapes the model expects",
+                ) from exc
+            for tag, value in capture.seen.items():
+                if tag[0] == "act":
+                    result.activations.setdefault(tag[1], []).append(_to_numpy(value))
+                elif batches == 0:
+                    result.weights.setdefault(tag[1], {})[tag[2]] = _to_numpy(value)
+            batches += 1
+    if batches == 0:
+        raise DataError("the inspection dataloader yielded no batches", hint="pass data")
+    return result

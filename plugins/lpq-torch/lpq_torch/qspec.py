@@ -1,0 +1,186 @@
+"""tune_cfg choices -> torchao ``QuantizationSpec`` / ``QuantizationConfig``.
+
+This is where lpq dtypes become value ranges. Every integer dtype lives in an int8 or
+uint8 container and is simulated through the observer's ``quant_min``/``quant_max``:
+``int4`` is ``torch.int8`` with range [-8, 7], ``uint4`` is ``torch.uint8`` with [0, 15],
+``int2`` is [-2, 1]. int8/uint8 use the full range and hit oneDNN's int8 kernels once
+compiled; narrower dtypes give the same arithmetic (values just use fewer levels), so
+their accuracy is exactly what a true N-bit kernel would give.
+
+Algorithms map to observers: ``minmax`` -> (PerChannel)MinMaxObserver, ``kl`` ->
+HistogramObserver (histogram search for the range minimising quantization error),
+``percentile`` -> :class:`PercentileObserver`. QAT uses torchao's
+``LearnableFakeQuantize`` (scale and zero point get gradients, LSQ-style).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from lpq import ConfigError, OpConfig, TensorConfig
+from torchao.quantization.pt2e import (
+    HistogramObserver,
+    LearnableFakeQuantize,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig
+
+#: Same eps as PyTorch's x86 recipe: keeps scales of near-constant tensors sane.
+EPS = 2**-12
+_DTYPE = re.compile(r"^(u?)int([2-8])$")
+
+
+def dtype_range(dtype: str) -> tuple[torch.dtype, int, int]:
+    """The container dtype and ``(quant_min, quant_max)`` of an lpq integer dtype."""
+    match = _DTYPE.match(dtype)
+    if match is None:
+        raise ConfigError(
+            f"the PyTorch adaptor cannot quantize to {dtype!r}",
+            hint="use int8/uint8 or a narrower integer dtype (int2..int7, uint2..uint7)",
+        )
+    unsigned, bits = match.group(1) == "u", int(match.group(2))
+    if unsigned:
+        return torch.uint8, 0, 2**bits - 1
+    return torch.int8, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+class PercentileObserver(HistogramObserver):
+    """Clips the range to the ``percentile``-th percentile of the observed histogram.
+
+    Outliers then no longer stretch the scale; the histogram is the one HistogramObserver
+    keeps while calibrating, so memory stays bounded (streaming, not storing activations).
+    """
+
+    def __init__(self, percentile: float = 99.99, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.percentile = percentile
+
+    @torch.jit.ignore  # type: ignore[misc]
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.min_val.numel() == 0 or float(self.min_val) == float("inf"):
+            return super().calculate_qparams()
+        hist = self.histogram.double()
+        total = float(hist.sum())
+        if total <= 0:
+            return super().calculate_qparams()
+        cdf = torch.cumsum(hist, 0) / total
+        tail = (100.0 - self.percentile) / 100.0
+        edges = torch.linspace(float(self.min_val), float(self.max_val), self.bins + 1)
+        lo_bin = int(torch.searchsorted(cdf, torch.tensor(tail, dtype=cdf.dtype)))
+        hi_bin = int(torch.searchsorted(cdf, torch.tensor(1.0 - tail, dtype=cdf.dtype)))
+        new_min = edges[min(lo_bin, self.bins)].reshape(())
+        new_max = edges[min(hi_bin + 1, self.bins)].reshape(())
+        # Keep zero exactly representable and never clip a one-signed tensor past zero.
+        new_min = torch.minimum(new_min, self.min_val.clamp(min=0))
+        return self._calculate_qparams(new_min.to(self.min_val), new_max.to(self.max_val))
+
+
+def _qscheme(cfg: TensorConfig, *, weight: bool) -> torch.qscheme:
+    per_channel = cfg.granularity == "per_channel"
+    if cfg.granularity not in ("per_channel", "per_tensor"):
+        raise ConfigError(f"granularity {cfg.granularity!r} is not supported by lpq-torch")
+    if per_channel and not weight:
+        raise ConfigError("activations can only be quantized per_tensor in lpq-torch")
+    if cfg.scheme == "sym":
+        return torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric
+    if weight:
+        raise ConfigError(
+            "the x86 PT2E recipe quantizes weights symmetrically only",
+            hint="use scheme 'sym' for weights",
+        )
+    return torch.per_tensor_affine
+
+
+def weight_spec(cfg: TensorConfig, *, qat: bool) -> QuantizationSpec:
+    dtype, qmin, qmax = dtype_range(cfg.dtype)
+    qscheme = _qscheme(cfg, weight=True)
+    per_channel = qscheme == torch.per_channel_symmetric
+    if cfg.algorithm not in ("minmax", "kl", "percentile"):
+        raise ConfigError(f"weight algorithm {cfg.algorithm!r} is not supported by lpq-torch")
+    args: dict[str, Any] = {"eps": EPS}
+    if per_channel:
+        args["ch_axis"] = 0
+    if qat:
+        observer = MovingAveragePerChannelMinMaxObserver if per_channel else MinMaxObserver
+        ctr = LearnableFakeQuantize.with_args(
+            observer=observer,
+            quant_min=qmin,
+            quant_max=qmax,
+            dtype=dtype,
+            qscheme=qscheme,
+            use_grad_scaling=True,
+            **args,
+        )
+    else:
+        observer = PerChannelMinMaxObserver if per_channel else MinMaxObserver
+        ctr = observer.with_args(**args)
+    return QuantizationSpec(
+        dtype=dtype,
+        quant_min=qmin,
+        quant_max=qmax,
+        qscheme=qscheme,
+        ch_axis=0 if per_channel else None,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=ctr,
+    )
+
+
+def activation_spec(cfg: TensorConfig, *, qat: bool, dynamic: bool) -> QuantizationSpec:
+    dtype, qmin, qmax = dtype_range(cfg.dtype)
+    qscheme = _qscheme(cfg, weight=False)
+    args: dict[str, Any] = {"eps": EPS}
+    if dynamic:
+        ctr: Any = PlaceholderObserver.with_args(**args)
+    elif qat:
+        ctr = LearnableFakeQuantize.with_args(
+            observer=MovingAverageMinMaxObserver,
+            quant_min=qmin,
+            quant_max=qmax,
+            dtype=dtype,
+            qscheme=qscheme,
+            use_grad_scaling=True,
+            **args,
+        )
+    elif cfg.algorithm == "minmax":
+        ctr = MinMaxObserver.with_args(**args)
+    elif cfg.algorithm == "kl":
+        ctr = HistogramObserver.with_args(**args)
+    elif cfg.algorithm == "percentile":
+        ctr = PercentileObserver.with_args(**args)
+    else:
+        raise ConfigError(
+            f"activation algorithm {cfg.algorithm!r} is not supported by lpq-torch",
+            hint="use minmax, kl or percentile",
+        )
+    return QuantizationSpec(
+        dtype=dtype,
+        quant_min=qmin,
+        quant_max=qmax,
+        qscheme=qscheme,
+        is_dynamic=dynamic,
+        observer_or_fake_quant_ctr=ctr,
+    )
+
+
+def quant_config(op: OpConfig, *, qat: bool) -> QuantizationConfig:
+    """The torchao config for one op's tune_cfg entry (quantized precisions only)."""
+    if op.mode not in ("static", "dynamic"):
+        raise ConfigError(
+            f"quantization mode {op.mode!r} is not supported by lpq-torch",
+            hint="use 'static' or 'dynamic' (QAT is static + a train_func)",
+        )
+    dynamic = op.mode == "dynamic"
+    act = activation_spec(op.activation, qat=qat, dynamic=dynamic) if op.activation else None
+    weight = weight_spec(op.weight, qat=qat) if op.weight else None
+    if act is None and weight is None:
+        raise ConfigError(f"op config {op.to_json()} quantizes neither weight nor activation")
+    # Dynamic quantization quantizes inputs on the fly and keeps float outputs.
+    output = None if dynamic else act
+    return QuantizationConfig(act, output, weight, None, is_qat=qat)

@@ -1,0 +1,45 @@
+"""Fixtures for lpq-torch's tests: the conformance suite's three plus trained models."""
+
+from __future__ import annotations
+
+import lpq
+import numpy as np
+import pytest
+import torch
+from torch_testmodels import DigitsConvNet, DigitsMLP, calib_loader, test_loader, train
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def digits_convnet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return train(DigitsConvNet(), epochs=8)
+
+
+@pytest.fixture(scope="session")
+def digits_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return train(DigitsMLP(), epochs=12)
+
+
+@pytest.fixture
+def lpq_sample_model(digits_convnet: torch.nn.Module) -> torch.nn.Module:
+    return digits_convnet
+
+
+@pytest.fixture
+def lpq_sample_data() -> lpq.ArrayLoader:
+    return test_loader(batch=64)
+
+
+@pytest.fixture
+def calib_data() -> lpq.ArrayLoader:
+    return calib_loader()
+
+
+@pytest.fixture
+def lpq_misfit_data() -> lpq.ArrayLoader:
+    # 3 channels of 5x5 where the model takes 1 channel of 8x8.
+    rng = np.random.default_rng(0)
+    return lpq.ArrayLoader(rng.random((8, 3, 5, 5), dtype=np.float32), np.zeros(8, np.int64), 4)
