@@ -31,7 +31,7 @@ def models(folder: Path) -> dict[str, dict[str, object]]:
     example = lpq.get_plugin_manager().example("digits")
     with np.load(example.calib) as c, np.load(example.eval) as e:
         calib = c[c.files[0]]
-        eval_x = e[[f for f in e.files if f != "labels"][0]]
+        eval_x = e[next(f for f in e.files if f != "labels")]
         eval_y = e["labels"]
     digits = {"model": str(example.model), "calib": calib, "eval": (eval_x, eval_y)}
     data = outlier_mlp.build(folder / "outlier_mlp.onnx")
