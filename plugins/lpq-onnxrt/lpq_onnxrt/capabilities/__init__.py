@@ -1,0 +1,1 @@
+"""Capability YAML files of the ONNX Runtime adaptor."""

@@ -1,0 +1,131 @@
+"""Per-op capability of a concrete model, from the capability YAML.
+
+The YAML says what ORT can do per op type; this module pairs it with the prepared model's
+nodes and drops options a particular node cannot take (a MatMul whose second input is an
+activation has no weight to quantize dynamically or block-wise; an Add on int64 shape
+tensors is not a float op at all).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lpq
+
+if TYPE_CHECKING:
+    import onnx
+
+FRAMEWORK = "onnxrt"
+DISTRIBUTION = "onnxruntime"
+_FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+# Op types whose weight (second input) must be a constant for these modes.
+_WEIGHT_MODES = {"dynamic", "weight_only"}
+# Op types that are compute ops: quantizable even when shape inference gave no types.
+_COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+
+
+def capability_files() -> list[Path]:
+    return [Path(str(resources.files("lpq_onnxrt.capabilities").joinpath("onnxrt.yaml")))]
+
+
+@functools.cache
+def _spec_for(files: tuple[Path, ...], version: str | None) -> lpq.CapabilitySpec:
+    return lpq.load_capability(list(files), FRAMEWORK, version)
+
+
+def load_spec(options: Mapping[str, Any] | None = None) -> lpq.CapabilitySpec:
+    """The capability spec for the installed ORT (or a backend profile's own file)."""
+    options = options or {}
+    override = options.get("capability_file")
+    files = (Path(override),) if override else tuple(capability_files())
+    return _spec_for(files, lpq.installed_version(DISTRIBUTION))
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor whose type is known after shape inference."""
+    types: dict[str, int] = {}
+    graph = model.graph
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    for init in graph.initializer:
+        types[init.name] = init.data_type
+    return types
+
+
+def weight_is_constant(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    initializers = {init.name for init in model.graph.initializer}
+    index = 0 if node.op_type == "Gather" else 1
+    return len(node.input) > index and node.input[index] in initializers
+
+
+def _is_float_op(node: onnx.NodeProto, types: Mapping[str, int]) -> bool:
+    if not node.output:
+        return False
+    known = types.get(node.output[0])
+    if known is None:
+        return node.op_type in _COMPUTE_OPS
+    return known in _FLOAT_TYPES
+
+
+def build_capability(
+    model: onnx.ModelProto, options: Mapping[str, Any] | None = None
+) -> lpq.FrameworkCapability:
+    spec = load_spec(options)
+    types = tensor_types(model)
+    ops = [
+        (node.name, node.op_type)
+        for node in model.graph.node
+        if spec.for_op_type(node.op_type) and _is_float_op(node, types)
+    ]
+    capability = spec.build(ops, lpq.installed_version(DISTRIBUTION))
+    by_name = {node.name: node for node in model.graph.node}
+    for key in list(capability.opwise):
+        node = by_name[key[0]]
+        caps = capability.opwise[key]
+        if not weight_is_constant(model, node):
+            caps = [c for c in caps if c.mode not in _WEIGHT_MODES]
+            if node.op_type == "Gather":
+                caps = []
+        if node.op_type == "MatMul" and not _is_2d_weight(model, node):
+            caps = [c for c in caps if c.mode != "weight_only"]
+        if caps:
+            capability.opwise[key] = caps
+        else:
+            del capability.opwise[key]
+    return capability
+
+
+def _is_2d_weight(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    for init in model.graph.initializer:
+        if len(node.input) > 1 and init.name == node.input[1]:
+            return len(init.dims) == 2
+    return False
+
+
+def fused_patterns(model: onnx.ModelProto) -> list[tuple[str, ...]]:
+    """The capability patterns that occur in ``model`` as chains of single-use tensors."""
+    spec = load_spec()
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: list[tuple[str, ...]] = []
+    for pattern in sorted(spec.patterns, key=len, reverse=True):
+        for node in model.graph.node:
+            if node.op_type != pattern[0]:
+                continue
+            current, matched = node, True
+            for op_type in pattern[1:]:
+                users = consumers.get(current.output[0], []) if current.output else []
+                if len(users) != 1 or users[0].op_type != op_type:
+                    matched = False
+                    break
+                current = users[0]
+            if matched and pattern not in found:
+                found.append(pattern)
+    return found

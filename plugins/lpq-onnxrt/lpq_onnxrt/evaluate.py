@@ -1,0 +1,83 @@
+"""Running a model over a dataloader: metrics, latency and iteration limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from lpq import DataError, EvalResult, LatencyMeasurer, Metric
+
+from . import model_io
+from .feeds import iter_batches
+from .qmodel import QuantizedModel
+from .session import create_session
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+
+def runnable(
+    model: Any, options: dict[str, Any] | None = None
+) -> tuple[onnxruntime.InferenceSession, Any, dict[str, Any]]:
+    """A session for ``model`` plus the proto it runs and the session options used.
+
+    An fp32 model runs as the user gave it (after version normalisation); a quantized one
+    with the session options it was quantized for, unless ``options`` overrides them.
+    """
+    merged: dict[str, Any] = {}
+    if isinstance(model, QuantizedModel):
+        merged.update(model.options)
+        proto = model.proto
+    else:
+        proto = model_io.to_proto(model)
+        if (
+            proto.ir_version > model_io.MAX_IR_VERSION
+            or model_io.opset_of(proto) > model_io.MAX_OPSET
+        ):
+            proto = model_io.copy_model(proto)
+            model_io.normalize_versions(proto)
+    merged.update(options or {})
+    return create_session(proto, merged), proto, merged
+
+
+def evaluate(
+    model: Any,
+    dataloader: Iterable[Any],
+    postprocess: Any,
+    metrics: Sequence[Metric],
+    measurer: LatencyMeasurer | None,
+    iteration: int | None,
+) -> EvalResult:
+    session, proto, _ = runnable(model)
+    for metric in metrics:
+        metric.reset()
+    output_names = [out.name for out in session.get_outputs()]
+    batches = samples = 0
+    for feed, labels in iter_batches(proto, dataloader):
+        if iteration is not None and batches >= iteration:
+            break
+        try:
+            if measurer is not None:
+                with measurer.measure():
+                    outputs = session.run(output_names, feed)
+            else:
+                outputs = session.run(output_names, feed)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise DataError(
+                f"ONNX Runtime could not run batch {batches}: {exc}",
+                hint="check the data's shapes and dtypes against the model's inputs",
+            ) from None
+        preds: Any = outputs[0] if len(outputs) == 1 else list(outputs)
+        if postprocess is not None:
+            preds, labels = postprocess(preds, labels)
+        for metric in metrics:
+            metric.update(preds, labels)
+        batches += 1
+        first = next(iter(feed.values()))
+        samples += int(first.shape[0]) if first.ndim else 1
+    return EvalResult(
+        metrics={metric.name: metric.result() for metric in metrics},
+        latency_ms=measurer.median_ms if measurer is not None else None,
+        batches=batches,
+        samples=samples,
+    )

@@ -1,0 +1,157 @@
+"""Turning dataloader items into validated ONNX Runtime feeds.
+
+Inputs may be one array (single-input model), a tuple/list (positional, in the order of
+the graph's inputs) or a dict by input name. Every array is checked against the model's
+declared input: a wrong name, rank, fixed dimension or dtype raises :class:`lpq.DataError`
+naming the input and what it expects, rather than an ORT error deep inside a trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lpq import DataError, split_batch, take_samples
+
+if TYPE_CHECKING:
+    import onnx
+
+# onnx TensorProto element types -> numpy dtypes (the ones models take as inputs).
+_ONNX_TO_NUMPY = {
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One graph input: name, numpy dtype and shape (``None`` for symbolic dims)."""
+
+    name: str
+    dtype: Any
+    shape: tuple[int | None, ...] | None
+
+    def describe(self) -> str:
+        dims = (
+            "?"
+            if self.shape is None
+            else "x".join("N" if d is None else str(d) for d in self.shape)
+        )
+        return f"{np.dtype(self.dtype).name}[{dims}]"
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs a caller must feed (initializers listed as inputs excluded)."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dtype = _ONNX_TO_NUMPY.get(tensor.elem_type, np.float32)
+        shape: tuple[int | None, ...] | None = None
+        if tensor.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in tensor.shape.dim
+            )
+        specs.append(InputSpec(value.name, dtype, shape))
+    return specs
+
+
+def _check(spec: InputSpec, array: Any) -> np.ndarray:
+    value = np.asarray(array)
+    if value.dtype != spec.dtype:
+        safe = np.can_cast(value.dtype, spec.dtype, casting="same_kind") and not (
+            value.dtype.kind == "f" and np.dtype(spec.dtype).kind in "iub"
+        )
+        if not safe:
+            raise DataError(
+                f"input {spec.name!r} has dtype {value.dtype}, the model expects {spec.describe()}",
+                hint=f"convert the data with .astype(numpy.{np.dtype(spec.dtype).name})",
+            )
+        value = value.astype(spec.dtype)
+    fits = spec.shape is None or (
+        value.ndim == len(spec.shape)
+        and all(want is None or want == got for want, got in zip(spec.shape, value.shape))
+    )
+    if not fits:
+        raise DataError(
+            f"input {spec.name!r} has shape {tuple(value.shape)}, the model expects "
+            f"{spec.describe()}",
+            hint="reshape the data to the model's input shape (N is the batch)",
+        )
+    return value
+
+
+def make_feed(specs: list[InputSpec], inputs: Any) -> dict[str, np.ndarray]:
+    """One validated feed dict from one batch of inputs."""
+    if isinstance(inputs, Mapping):
+        expected = {spec.name for spec in specs}
+        unknown = [name for name in inputs if name not in expected]
+        missing = [spec.name for spec in specs if spec.name not in inputs]
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"unknown input(s) {', '.join(map(repr, unknown))}")
+            if missing:
+                parts.append(f"missing input(s) {', '.join(map(repr, missing))}")
+            raise DataError(
+                "the data does not match the model's inputs: " + "; ".join(parts),
+                hint="the model takes: " + ", ".join(f"{s.name} {s.describe()}" for s in specs),
+            )
+        return {spec.name: _check(spec, inputs[spec.name]) for spec in specs}
+    arrays = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+    if len(arrays) != len(specs):
+        raise DataError(
+            f"the data gives {len(arrays)} input array(s), the model takes {len(specs)}: "
+            + ", ".join(f"{s.name} {s.describe()}" for s in specs),
+            hint="yield a dict of input name to array for multi-input models",
+        )
+    return {spec.name: _check(spec, array) for spec, array in zip(specs, arrays)}
+
+
+def iter_batches(
+    model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int | None = None
+) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
+    """Yield ``(feed, labels)`` per dataloader item; DataError on empty or misfit data."""
+    if dataloader is None:
+        raise DataError(
+            "static quantization needs calibration data, but none was given",
+            hint="pass a calibration dataloader, or choose dynamic / weight-only quantization",
+        )
+    specs = input_specs(model)
+    for item in take_samples(dataloader, max_samples):
+        inputs, labels = split_batch(item)
+        yield make_feed(specs, inputs), labels
+
+
+def calibration_feeds(
+    model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int
+) -> list[dict[str, np.ndarray]]:
+    """Validated feeds holding at most ``max_samples`` samples (the last batch is cut)."""
+    feeds: list[dict[str, np.ndarray]] = []
+    seen = 0
+    for feed, _ in iter_batches(model, dataloader, max_samples):
+        first = next(iter(feed.values()))
+        count = int(first.shape[0]) if first.ndim else 1
+        if max_samples and seen + count > max_samples and first.ndim:
+            keep = max_samples - seen
+            feed = {name: value[:keep] for name, value in feed.items()}
+            count = keep
+        feeds.append(feed)
+        seen += count
+    return feeds

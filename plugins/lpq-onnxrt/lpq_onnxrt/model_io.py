@@ -1,0 +1,287 @@
+"""Reading ONNX models into a form every other module can rely on.
+
+Whatever the user passes (a path, a ``ModelProto``, a saved :class:`QuantizedModel`), the
+adaptor works on a *prepared* copy: external data loaded, every node named (ORT's int4
+quantizer deletes unnamed nodes, and tune_cfgs refer to nodes by name), IR version and
+opset readable by the installed ORT, shapes inferred (symbolic inference first, onnx's
+own as fallback) and ORT's basic graph optimizations applied once (constant folding,
+Conv+BatchNorm fusion), which is what ORT's ``quant_pre_process`` recommends. Preparing
+is cached per model content, so a tuning run pays for it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lpq import ModelError
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+#: The highest IR version / default-domain opset ORT 1.18+ accepts for sure; onnx 1.23's
+#: ``make_model`` stamps IR 14 / opset 28, which ORT 1.31 rejects.
+MAX_IR_VERSION = 10
+MAX_OPSET = 21
+#: Models above this size cannot be serialized to one protobuf string.
+PROTO_LIMIT = 2_000_000_000
+
+_CACHE_SIZE = 4
+_cache: OrderedDict[str, PreparedModel] = OrderedDict()
+_lock = threading.Lock()
+
+
+@dataclass
+class PreparedModel:
+    """A model ready for capability queries, calibration and quantization.
+
+    ``model`` must be treated as read-only: callers copy it before changing it.
+    ``key`` identifies the original model's content (for calibration caches).
+    """
+
+    model: onnx.ModelProto
+    key: str
+    source: str
+
+
+def is_onnx_model(model: Any) -> bool:
+    """True for ``onnx.ModelProto`` objects, checked without importing onnx."""
+    cls = type(model)
+    return cls.__name__ == "ModelProto" and cls.__module__.startswith("onnx")
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            return int(opset.version)
+    return 0
+
+
+def set_opset(model: onnx.ModelProto, version: int) -> None:
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = version
+            return
+    model.opset_import.add(domain="", version=version)
+
+
+def load_file(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Load an ONNX file with its external data, or raise a ModelError saying why not."""
+    import onnx
+
+    file = Path(path)
+    if not file.is_file():
+        raise ModelError(f"model file {file} does not exist", hint="check the path")
+    try:
+        return onnx.load(str(file), load_external_data=True)
+    except Exception as exc:
+        raise ModelError(
+            f"{file} is not a readable ONNX model ({type(exc).__name__}: {exc})",
+            hint="pass an .onnx file exported by a framework (and its external data files "
+            "next to it)",
+        ) from None
+
+
+def to_proto(model: Any) -> onnx.ModelProto:
+    """The ``ModelProto`` behind a path, a proto or a :class:`QuantizedModel`."""
+    from .qmodel import QuantizedModel
+
+    if isinstance(model, QuantizedModel):
+        return model.proto
+    if is_onnx_model(model):
+        return model
+    if isinstance(model, str | os.PathLike):
+        return load_file(model)
+    raise ModelError(
+        f"the onnxrt adaptor cannot read a {type(model).__qualname__}",
+        hint="pass an onnx.ModelProto or the path of an .onnx file",
+    )
+
+
+def content_key(model: Any) -> str:
+    """A stable key for a model's content (path + mtime + size for files)."""
+    if isinstance(model, str | os.PathLike):
+        file = Path(model).resolve()
+        try:
+            stat = file.stat()
+        except OSError:
+            return f"missing:{file}"
+        return f"file:{file}:{stat.st_mtime_ns}:{stat.st_size}"
+    proto = to_proto(model)
+    if proto.ByteSize() < PROTO_LIMIT:
+        return "proto:" + hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+    return f"object:{id(proto)}"
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed (or duplicate-named) node a stable unique name; return how many.
+
+    Names derive from op type and graph position, so the same model always gets the
+    same names, and a tune_cfg written for it stays valid across runs.
+    """
+    used = {node.name for node in model.graph.node if node.name}
+    seen: set[str] = set()
+    renamed = 0
+    for index, node in enumerate(model.graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = f"{node.op_type}_{index}"
+        name, suffix = base, 1
+        while name in used or name in seen:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        node.name = name
+        used.add(name)
+        seen.add(name)
+        renamed += 1
+    return renamed
+
+
+def normalize_versions(model: onnx.ModelProto) -> None:
+    """Make the IR version and opset ones ORT accepts (converting the opset if needed)."""
+    if model.ir_version > MAX_IR_VERSION:
+        model.ir_version = MAX_IR_VERSION
+    opset = opset_of(model)
+    if opset > MAX_OPSET:
+        _convert_opset(model, MAX_OPSET)
+
+
+def upgrade_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
+    """Return ``model`` at opset ``minimum`` or above (per-channel QDQ needs 13, int4 21)."""
+    if opset_of(model) >= minimum:
+        return model
+    import onnx
+
+    upgraded = onnx.ModelProto()
+    upgraded.CopyFrom(model)
+    _convert_opset(upgraded, minimum)
+    if upgraded.ir_version < 7:
+        upgraded.ir_version = 7
+    return upgraded
+
+
+def _convert_opset(model: onnx.ModelProto, version: int) -> None:
+    import onnx
+
+    try:
+        converted = onnx.version_converter.convert_version(model, version)
+    except Exception as exc:
+        raise ModelError(
+            f"cannot convert the model from opset {opset_of(model)} to {version} ({exc})",
+            hint=f"re-export the model at opset {version}",
+        ) from None
+    ir = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    model.CopyFrom(converted)
+    model.ir_version = max(ir, 7) if version >= 13 else ir
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference: ORT's symbolic inference, falling back to onnx's on failure."""
+    import onnx
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(
+            model, auto_merge=True, guess_output_rank=True
+        )
+        if inferred is not None:
+            return inferred
+    except Exception as exc:  # symbolic inference fails on some real graphs
+        log.info("symbolic shape inference failed (%s); using onnx shape inference", exc)
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:
+        log.info("onnx shape inference failed too (%s); continuing without shapes", exc)
+        return model
+
+
+def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Apply ORT's basic (ONNX-standard) graph optimizations; raise ModelError if ORT
+    cannot load the model at all."""
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="lpq-onnxrt-") as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(out)
+        options.log_severity_level = 3
+        large = model.ByteSize() >= PROTO_LIMIT
+        if large:
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "optimized.data"
+            )
+        try:
+            if large:
+                source = Path(tmp) / "input.onnx"
+                onnx.save_model(
+                    model, str(source), save_as_external_data=True, location="input.data"
+                )
+                ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+            else:
+                ort.InferenceSession(
+                    model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                )
+        except Exception as exc:
+            raise ModelError(
+                f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",
+                hint="check that the model is valid (onnx.checker.check_model) and uses "
+                "operators ONNX Runtime supports",
+            ) from None
+        return onnx.load(str(out), load_external_data=True)
+
+
+def prepare(model: Any) -> PreparedModel:
+    """The cached prepared copy of ``model`` (see the module docstring)."""
+    key = content_key(model)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    import onnx
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(to_proto(model))
+    if not proto.graph.node:
+        raise ModelError("the ONNX model has no nodes", hint="pass a model with a graph")
+    name_nodes(proto)
+    normalize_versions(proto)
+    original_names = [node.name for node in proto.graph.node]
+    optimized = optimize(proto)
+    # Optimizations keep the names of surviving nodes; name the nodes they created.
+    name_nodes(optimized)
+    optimized = infer_shapes(optimized)
+    prepared = PreparedModel(
+        optimized, key, str(model) if isinstance(model, str | os.PathLike) else "<ModelProto>"
+    )
+    log.debug(
+        "prepared %s: %d nodes (%d before optimization)",
+        prepared.source,
+        len(optimized.graph.node),
+        len(original_names),
+    )
+    with _lock:
+        _cache[key] = prepared
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return prepared
+
+
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy

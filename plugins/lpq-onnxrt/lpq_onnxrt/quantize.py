@@ -1,0 +1,407 @@
+"""Apply a tune_cfg to an ONNX model, node by node, with ONNX Runtime's quantizers.
+
+Passes, in order, each touching only the nodes the tune_cfg gives it:
+
+1. **static** (QDQ, or QOperator when ``options['quant_format'] == 'qoperator'``): ranges
+   come from lpq's streaming calibration (per tensor, with the algorithm and scheme of the
+   op that owns the tensor); per-op activation/weight dtype, scheme and per-channel axis
+   are passed to ORT as ``TensorQuantOverrides``. Data-movement ops between quantized
+   ops (Relu, MaxPool, Reshape, ...) follow their input, as ORT's own tool does.
+2. **dynamic** (DynamicQuantizeLinear + MatMulInteger/ConvInteger), one pass per distinct
+   weight setting.
+3. **weight_only** (MatMulNBits), one pass per (bits, block size, scheme).
+4. **float fallbacks** to fp16/bf16 (casts around the node, see :mod:`.convert`).
+
+Ops set to fp32 are excluded from every pass. The input model is never modified.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
+
+from . import model_io, ranges
+from .qmodel import QuantizedModel
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .calibration import CalibrationStats
+
+log = logging.getLogger(__name__)
+
+_WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1, "Gather": 0}
+_DTYPES_8BIT = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
+_FORMATS = ("qdq", "qoperator")
+
+
+def _quant_type(dtype: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    if dtype not in _DTYPES_8BIT:
+        raise ConfigError(
+            f"ONNX Runtime cannot quantize tensors to {dtype!r} in this mode",
+            hint=f"choose one of: {', '.join(_DTYPES_8BIT)}",
+        )
+    return getattr(QuantType, _DTYPES_8BIT[dtype])
+
+
+def _weight_axis(node: onnx.NodeProto) -> int:
+    """The per-channel axis ORT expects for the node's weight."""
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    if node.op_type == "MatMul":
+        return 1
+    return 0
+
+
+def quantize(
+    model: Any, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any] | None
+) -> QuantizedModel:
+    """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring."""
+    prepared = model_io.prepare(model)
+    base = prepared.model
+    nodes = {node.name: node for node in base.graph.node}
+    unknown = [name for name, _ in tune_cfg.ops if name not in nodes]
+    if unknown:
+        raise ConfigError(
+            f"the tune_cfg names node(s) the model does not have: {', '.join(unknown[:5])}",
+            hint="build the tune_cfg from this model's capability (lpq names unnamed nodes "
+            "<OpType>_<index>)",
+        )
+    groups: dict[str, dict[str, OpConfig]] = {"static": {}, "dynamic": {}, "weight_only": {}}
+    floats: dict[str, str] = {}
+    for (name, _), cfg in tune_cfg.ops.items():
+        if not cfg.quantized:
+            if cfg.precision != "fp32":
+                floats[name] = cfg.precision
+            continue
+        if cfg.mode not in groups:
+            raise ConfigError(
+                f"op {name}: unknown quantization mode {cfg.mode!r}",
+                hint="use static, dynamic or weight_only",
+            )
+        groups[cfg.mode][name] = cfg
+
+    fmt = str(tune_cfg.options.get("quant_format", "qdq")).lower()
+    if fmt in ("default", "qdq"):
+        fmt = "qdq"
+    if fmt not in _FORMATS:
+        raise ConfigError(f"unknown quant_format {fmt!r}", hint="use qdq or qoperator")
+
+    work = model_io.copy_model(base)
+    used_ranges: dict[str, tuple[float, float]] = {}
+    if groups["static"]:
+        if calib_dataloader is None:
+            raise DataError(
+                "static quantization needs calibration data, but none was given",
+                hint="pass calibration data, or use dynamic / weight-only quantization",
+            )
+        from .capability import load_spec
+
+        candidates = ranges.calibration_candidates(base, load_spec().quantizable_op_types())
+        stats = ranges.statistics(
+            base, prepared.key, candidates, calib_dataloader, tune_cfg.calib_sampling_size
+        )
+        work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
+    if groups["dynamic"]:
+        work = _dynamic_pass(work, groups["dynamic"])
+    if groups["weight_only"]:
+        work = _weight_only_pass(work, groups["weight_only"], tune_cfg.options)
+    if floats:
+        from .convert import convert_nodes
+
+        work = convert_nodes(work, floats)
+    return QuantizedModel(
+        work,
+        tune_cfg,
+        used_ranges,
+        dict(tune_cfg.options),
+        fp32_outputs=node_outputs(base),
+        fp32_weights=node_weights(base),
+    )
+
+
+def node_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """fp32 node name -> first output tensor name."""
+    return {node.name: node.output[0] for node in model.graph.node if node.output}
+
+
+def node_weights(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """fp32 node name -> its float initializer inputs (weights, biases)."""
+    floats = {init.name for init in model.graph.initializer if init.data_type in (1, 10, 16)}
+    found = {}
+    for node in model.graph.node:
+        names = [name for name in node.input if name in floats]
+        if names:
+            found[node.name] = names
+    return found
+
+
+# --------------------------------------------------------------------------- static
+
+
+def _static_pass(
+    model: onnx.ModelProto,
+    ops: Mapping[str, OpConfig],
+    tune_cfg: TuneConfig,
+    stats: CalibrationStats,
+    fmt: str,
+) -> tuple[onnx.ModelProto, dict[str, tuple[float, float]]]:
+    from onnxruntime.quantization import QDQQuantizer
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+
+    if any(_per_channel(cfg) for cfg in ops.values()):
+        model = model_io.upgrade_opset(model, 13)  # DequantizeLinear's axis needs opset 13
+    configured = {name for name, _ in tune_cfg.ops}
+    helpers = [
+        node.name
+        for node in model.graph.node
+        if node.op_type in ranges.FOLLOW_OPS and node.name not in configured
+    ]
+    to_quantize = [*ops, *helpers]
+    default_act = _most_common(
+        [cfg.activation for cfg in ops.values() if cfg.activation is not None],
+        TensorConfig("uint8", "asym"),
+    )
+    default_weight = _most_common(
+        [cfg.weight for cfg in ops.values() if cfg.weight is not None],
+        TensorConfig("int8", "sym", "per_channel"),
+    )
+
+    # Which op's activation settings decide each tensor: its first quantized consumer,
+    # else its quantized producer, else the most common setting.
+    owner: dict[str, TensorConfig] = {}
+    for node in model.graph.node:
+        cfg = ops.get(node.name)
+        if cfg is not None and cfg.activation is not None:
+            for name in node.input:
+                owner.setdefault(name, cfg.activation)
+    for node in model.graph.node:
+        cfg = ops.get(node.name)
+        if cfg is not None and cfg.activation is not None:
+            for name in node.output:
+                owner.setdefault(name, cfg.activation)
+
+    available = set(stats.tensor_names())
+    tensors = [t for t in ranges.activation_tensors(model, to_quantize) if t in available]
+    overrides: dict[str, list[dict[str, Any]]] = {}
+    data: dict[str, TensorData] = {}
+    used: dict[str, tuple[float, float]] = {}
+    for name in tensors:
+        act = owner.get(name, default_act)
+        symmetric = act.scheme == "sym"
+        try:
+            lo, hi = stats.compute_range(
+                name,
+                act.algorithm,
+                symmetric=symmetric,
+                **(
+                    {"percentile": float(act.options["percentile"])}
+                    if "percentile" in act.options
+                    else {}
+                ),
+            )
+        except KeyError:
+            continue
+        used[name] = (float(lo), float(hi))
+        data[name] = TensorData(
+            lowest=np.array(lo, dtype=np.float32), highest=np.array(hi, dtype=np.float32)
+        )
+        if _key(act) != _key(default_act):
+            overrides[name] = [{"quant_type": _quant_type(act.dtype), "symmetric": symmetric}]
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        cfg = ops.get(node.name)
+        index = _WEIGHT_INPUT.get(node.op_type)
+        if cfg is None or cfg.weight is None or index is None or len(node.input) <= index:
+            continue
+        weight_name = node.input[index]
+        if weight_name not in initializers or weight_name in overrides:
+            continue
+        entry: dict[str, Any] = {
+            "quant_type": _quant_type(cfg.weight.dtype),
+            "symmetric": cfg.weight.scheme == "sym",
+        }
+        if _per_channel(cfg) and len(initializers[weight_name].dims) >= 2:
+            entry["axis"] = _weight_axis(node)
+        overrides[weight_name] = [entry]
+
+    extra: dict[str, Any] = {
+        "TensorQuantOverrides": overrides,
+        "ActivationSymmetric": default_act.scheme == "sym",
+        "WeightSymmetric": default_weight.scheme == "sym",
+    }
+    act_type = _quant_type(default_act.dtype)
+    weight_type = _quant_type(default_weight.dtype)
+    model = update_opset_version(model, weight_type, act_type, tensor_quant_overrides=overrides)
+    op_types = sorted({node.op_type for node in model.graph.node if node.name in set(to_quantize)})
+    tensors_range = TensorsData(CalibrationMethod.MinMax, data)
+    try:
+        if fmt == "qoperator":
+            quantizer: Any = ONNXQuantizer(
+                model,
+                default_weight.granularity == "per_channel",
+                False,
+                QuantizationMode.QLinearOps,
+                True,
+                weight_type,
+                act_type,
+                tensors_range,
+                to_quantize,
+                [],
+                op_types,
+                extra,
+            )
+        else:
+            quantizer = QDQQuantizer(
+                model,
+                False,
+                False,
+                weight_type,
+                act_type,
+                tensors_range,
+                to_quantize,
+                [],
+                op_types,
+                extra,
+            )
+        quantizer.quantize_model()
+    except (ValueError, KeyError, TypeError, AssertionError) as exc:
+        raise ModelError(
+            f"ONNX Runtime's quantizer rejected the configuration ({type(exc).__name__}: {exc})",
+            hint="fall back the ops named above to fp32, or choose other options for them",
+        ) from exc
+    return quantizer.model.model, used
+
+
+def _key(tensor: TensorConfig) -> tuple[Any, ...]:
+    """A hashable identity for a TensorConfig (its ``options`` is a dict)."""
+    return (
+        tensor.dtype,
+        tensor.scheme,
+        tensor.granularity,
+        tensor.algorithm,
+        tuple(sorted(tensor.options.items())),
+    )
+
+
+def _most_common(tensors: list[TensorConfig], default: TensorConfig) -> TensorConfig:
+    if not tensors:
+        return default
+    counts = Counter(_key(t) for t in tensors)
+    best = counts.most_common(1)[0][0]
+    return next(t for t in tensors if _key(t) == best)
+
+
+def _per_channel(cfg: OpConfig) -> bool:
+    return cfg.weight is not None and cfg.weight.granularity == "per_channel"
+
+
+# --------------------------------------------------------------------------- dynamic
+
+
+def _dynamic_pass(model: onnx.ModelProto, ops: Mapping[str, OpConfig]) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+
+    by_setting: dict[tuple[Any, ...], tuple[TensorConfig, list[str]]] = {}
+    for name, cfg in ops.items():
+        weight = cfg.weight or TensorConfig("int8", "sym", "per_tensor")
+        if cfg.activation is not None and cfg.activation.dtype != "uint8":
+            raise ConfigError(
+                f"op {name}: dynamic quantization quantizes activations to uint8 only",
+                hint="set the activation dtype to uint8 or use static quantization",
+            )
+        by_setting.setdefault(_key(weight), (weight, []))[1].append(name)
+    for weight, names in by_setting.values():
+        weight_type = _quant_type(weight.dtype)
+        model = update_opset_version(model, weight_type)
+        if weight.granularity == "per_channel":
+            model = model_io.upgrade_opset(model, 13)
+        op_types = sorted({n.op_type for n in model.graph.node if n.name in set(names)})
+        extra = {"MatMulConstBOnly": True, "WeightSymmetric": weight.scheme == "sym"}
+        try:
+            quantizer = ONNXQuantizer(
+                model,
+                weight.granularity == "per_channel",
+                False,
+                QuantizationMode.IntegerOps,
+                False,
+                weight_type,
+                QuantType.QUInt8,
+                None,
+                names,
+                [],
+                op_types,
+                extra,
+            )
+            quantizer.quantize_model()
+        except (ValueError, KeyError, TypeError, AssertionError) as exc:
+            raise ModelError(
+                f"ONNX Runtime's dynamic quantizer failed ({type(exc).__name__}: {exc})",
+                hint="fall back these ops to fp32: " + ", ".join(names),
+            ) from exc
+        model = quantizer.model.model
+    return model
+
+
+# --------------------------------------------------------------------------- weight-only
+
+
+def _weight_only_pass(
+    model: onnx.ModelProto, ops: Mapping[str, OpConfig], options: Mapping[str, Any]
+) -> onnx.ModelProto:
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:  # onnx-ir missing, or a very old ORT
+        raise ModelError(
+            f"ONNX Runtime's 4-bit quantizer is unavailable ({exc})",
+            hint="pip install onnx-ir (and onnxruntime>=1.18)",
+        ) from exc
+
+    groups: dict[tuple[int, int, bool], list[str]] = {}
+    for name, cfg in ops.items():
+        weight = cfg.weight
+        if weight is None or weight.dtype not in ("int4", "uint4"):
+            raise ConfigError(
+                f"op {name}: weight-only quantization needs an int4 or uint4 weight config",
+                hint="use the weight_only options the capability lists for MatMul",
+            )
+        block = int(weight.options.get("block_size", 32))
+        bits = int(weight.options.get("bits", 4))
+        groups.setdefault((bits, block, weight.scheme == "sym"), []).append(name)
+    matmuls = [node.name for node in model.graph.node if node.op_type == "MatMul"]
+    for (bits, block, symmetric), names in groups.items():
+        keep = [name for name in matmuls if name not in set(names)]
+        try:
+            quantizer = MatMulNBitsQuantizer(
+                model,
+                bits=bits,
+                block_size=block,
+                is_symmetric=symmetric,
+                accuracy_level=options.get("accuracy_level"),
+                nodes_to_exclude=keep,
+                op_types_to_quantize=("MatMul",),
+            )
+            quantizer.process()
+        except Exception as exc:
+            raise ModelError(
+                f"ONNX Runtime's {bits}-bit weight quantizer failed ({type(exc).__name__}: {exc})",
+                hint="fall back these ops to fp32: " + ", ".join(names),
+            ) from exc
+        model = quantizer.model.model
+    return model

@@ -1,0 +1,144 @@
+"""Which activations need ranges, and calibrating them once per (model, data, size).
+
+Calibration statistics (streaming histograms, see :mod:`lpq_onnxrt.calibration`) are
+collected for *every* activation any static op of the model could need, not only the
+ones the current tune_cfg quantizes. A later trial that only falls some ops back to fp32,
+or switches an op from minmax to kl, then reuses the same statistics: only
+``compute_range`` runs again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .feeds import iter_batches
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .calibration import CalibrationStats
+
+log = logging.getLogger(__name__)
+
+#: Ops ORT quantizes to keep neighbours in int8 (data movement / removable activations).
+FOLLOW_OPS = frozenset(
+    {
+        "Relu",
+        "Clip",
+        "MaxPool",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Split",
+        "Pad",
+        "Resize",
+        "Softmax",
+    }
+)
+
+_CACHE_SIZE = 4
+_cache: OrderedDict[tuple[Any, ...], CalibrationStats] = OrderedDict()
+_lock = threading.Lock()
+
+
+def activation_tensors(model: onnx.ModelProto, node_names: Iterable[str]) -> list[str]:
+    """Non-constant float inputs and outputs of the named nodes, in graph order."""
+    from .capability import tensor_types
+
+    wanted = set(node_names)
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {
+        out for node in model.graph.node if node.op_type == "Constant" for out in node.output
+    }
+    types = tensor_types(model)
+    names: dict[str, None] = {}
+    for node in model.graph.node:
+        if node.name not in wanted:
+            continue
+        for name in (*node.input, *node.output):
+            if name and name not in constants and types.get(name, 1) in (1, 10, 16):
+                names[name] = None
+    return list(names)
+
+
+def calibration_candidates(model: onnx.ModelProto, static_op_types: Iterable[str]) -> list[str]:
+    """Every activation a static quantization of this model might need a range for."""
+    types = set(static_op_types) | FOLLOW_OPS
+    return activation_tensors(
+        model, [node.name for node in model.graph.node if node.op_type in types]
+    )
+
+
+def _fingerprint(feed: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(feed):
+        value = np.ascontiguousarray(feed[name])
+        digest.update(name.encode())
+        digest.update(str(value.shape).encode())
+        digest.update(value.tobytes()[: 1 << 20])
+    return digest.hexdigest()[:16]
+
+
+def _limited(
+    model: onnx.ModelProto, dataloader: Iterable[Any], max_samples: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Validated feeds, cut so that exactly ``max_samples`` samples (or all) are used."""
+    seen = 0
+    for feed, _ in iter_batches(model, dataloader, max_samples):
+        first = next(iter(feed.values()))
+        count = int(first.shape[0]) if first.ndim else 1
+        if max_samples and first.ndim and seen + count > max_samples:
+            keep = max_samples - seen
+            feed = {name: value[:keep] for name, value in feed.items()}
+            count = keep
+        seen += count
+        yield feed
+
+
+def statistics(
+    model: onnx.ModelProto,
+    model_key: str,
+    tensor_names: list[str],
+    dataloader: Iterable[Any] | None,
+    max_samples: int,
+    session_options: Any = None,
+) -> CalibrationStats:
+    """Calibration statistics for ``tensor_names``; cached per (model, data, size)."""
+    from .calibration import collect_statistics
+
+    if dataloader is not None and iter(dataloader) is dataloader:  # one-shot iterator
+        dataloader = list(dataloader)
+    first = next(_limited(model, dataloader, max_samples))  # validates; DataError if empty
+    key = (model_key, id(dataloader), _fingerprint(first), max_samples, tuple(tensor_names))
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            log.debug("calibration cache hit (%d tensors)", len(tensor_names))
+            return hit
+    stats = collect_statistics(
+        model,
+        tensor_names,
+        _limited(model, dataloader, max_samples),
+        session_options=session_options,
+    )
+    with _lock:
+        _cache[key] = stats
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return stats
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()

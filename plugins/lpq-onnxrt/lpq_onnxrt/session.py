@@ -1,0 +1,93 @@
+"""Creating ONNX Runtime sessions with lpq's options and clear errors."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lpq import ConfigError, ModelError
+
+from .model_io import PROTO_LIMIT
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
+
+
+def session_options(options: Mapping[str, Any] | None = None) -> onnxruntime.SessionOptions:
+    """SessionOptions from lpq options: ``intra_op_num_threads``, ``inter_op_num_threads``,
+    ``graph_optimization_level`` (``basic``/``extended``/``all``/``disable``)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    options = options or {}
+    threads = options.get("intra_op_num_threads", options.get("threads"))
+    if threads is not None:
+        opts.intra_op_num_threads = int(threads)
+    if options.get("inter_op_num_threads") is not None:
+        opts.inter_op_num_threads = int(options["inter_op_num_threads"])
+    level = options.get("graph_optimization_level")
+    if level is not None:
+        levels = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }
+        if level not in levels:
+            raise ConfigError(
+                f"unknown graph_optimization_level {level!r}",
+                hint=f"choose one of: {', '.join(levels)}",
+            )
+        opts.graph_optimization_level = levels[level]
+    return opts
+
+
+def providers(options: Mapping[str, Any] | None = None) -> list[str]:
+    """Execution providers from ``options['providers']`` / ``execution_provider``
+    (default CPU); unknown ones are a ConfigError rather than a silent CPU fallback."""
+    import onnxruntime as ort
+
+    options = options or {}
+    wanted = (
+        options.get("providers") or options.get("execution_provider") or ["CPUExecutionProvider"]
+    )
+    if isinstance(wanted, str):
+        wanted = [wanted]
+    available = ort.get_available_providers()
+    missing = [p for p in wanted if p not in available]
+    if missing:
+        raise ConfigError(
+            f"execution provider(s) {', '.join(missing)} are not available in this "
+            "onnxruntime build",
+            hint=f"available: {', '.join(available)}",
+        )
+    return list(wanted)
+
+
+def create_session(
+    model: onnx.ModelProto, options: Mapping[str, Any] | None = None
+) -> onnxruntime.InferenceSession:
+    """An InferenceSession for ``model``; ModelError when ORT cannot load it."""
+    import onnx
+    import onnxruntime as ort
+
+    opts = session_options(options)
+    prov = providers(options)
+    try:
+        if model.ByteSize() < PROTO_LIMIT:
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=prov)
+        with tempfile.TemporaryDirectory(prefix="lpq-onnxrt-") as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
+            return ort.InferenceSession(os.fspath(path), opts, providers=prov)
+    except Exception as exc:
+        raise ModelError(
+            f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",
+            hint="check the model with onnx.checker.check_model; ops must be supported by "
+            "the execution provider",
+        ) from None
