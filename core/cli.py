@@ -68,7 +68,8 @@ def plugins() -> None:
 
 @plugins.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def plugins_list(as_json: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Also list each plugin's hooks.")
+def plugins_list(as_json: bool, verbose: bool) -> None:
     """List plugins with their status, framework and hooks.
 
     Statuses: ok, disabled (LPQ_LOAD_PLUGINS / LPQ_DISABLE_PLUGINS), incompatible
@@ -102,9 +103,13 @@ def plugins_list(as_json: bool) -> None:
             record.version,
             status,
             frameworks or "-",
-            ", ".join(h.removeprefix("lpq_") for h in record.hooks),
+            str(len(record.hooks)),
         )
     console.print(table)
+    if verbose:
+        for record in records:
+            hooks = ", ".join(h.removeprefix("lpq_") for h in record.hooks) or "none"
+            console.print(f"[bold]{record.name}[/] hooks: {hooks}")
     for record in records:
         if record.message and record.status.value != "disabled":
             console.print(f"[bold]{record.name}[/]: {record.message.splitlines()[0]}")
