@@ -25,21 +25,25 @@ from .errors import CapabilityError
 JsonPath = tuple[str | int, ...]
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate mapping keys instead of keeping the last."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+def _find_duplicate_key(node: yaml.Node | None, path: JsonPath) -> tuple[JsonPath, int, int] | None:
+    """The first mapping key defined twice, as (path, line, first line); PyYAML would
+    silently keep the last one, hiding an edit that never takes effect."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = key_node.value, key_node.start_mark.line + 1
             if key in seen:
-                raise CapabilityError(
-                    f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                    f"(first defined on line {seen[key]})",
-                    hint="remove or merge one of the two entries",
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+                return (*path, key), line, seen[key]
+            seen[key] = line
+            found = _find_duplicate_key(value_node, (*path, key))
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found = _find_duplicate_key(item, (*path, index))
+            if found:
+                return found
+    return None
 
 
 def _line_map(node: yaml.Node | None, path: JsonPath, out: dict[JsonPath, int]) -> None:
@@ -97,10 +101,9 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise CapabilityError(f"{source}: cannot read the file ({exc})") from exc
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except CapabilityError as exc:
-        raise CapabilityError(f"{source}: {exc.message}", hint=exc.hint) from None
+        duplicate = _find_duplicate_key(node, ())
+        data = None if duplicate else yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -108,6 +111,13 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise CapabilityError(
             f"{where}: invalid YAML: {problem}", hint="fix the YAML syntax at that line"
         ) from None
+    if duplicate:
+        dup_path, line, first = duplicate
+        raise CapabilityError(
+            f"{source}:{line}: at {_format_path(dup_path)}: duplicate key {dup_path[-1]!r} "
+            f"(first defined on line {first})",
+            hint="remove or merge one of the two entries",
+        )
     if data is None:
         raise CapabilityError(
             f"{source}: the file is empty",
@@ -117,15 +127,16 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     _line_map(node, (), lines)
     if not isinstance(data, list):
         raise CapabilityError(
-            _error(source, lines, (), f"expected a list of version blocks, got a "
-                   f"{type(data).__name__}"),
+            _error(
+                source, lines, (), f"expected a list of version blocks, got a {type(data).__name__}"
+            ),
             hint="start each block with '- version:'; see docs/capability-yaml.md",
         )
     errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.path), list(e.path)))
     if errors:
         # The deepest error is usually the precise one (e.g. a bad enum value).
         best = max(errors, key=lambda e: len(e.path))
-        error_path: JsonPath = tuple(best.absolute_path)
+        error_path: JsonPath = _refine_path(data, tuple(best.absolute_path), best)
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         raise CapabilityError(
             _error(source, lines, error_path, _describe(best)) + more,
@@ -135,21 +146,54 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return data
 
 
+def _refine_path(data: Any, path: JsonPath, error: Any) -> JsonPath:
+    """Point at the offending key itself when a mapping has a bad or unknown key, so the
+    reported line is the key's line rather than its parent's."""
+    target = data
+    for part in path:
+        target = target[part]
+    if not isinstance(target, dict):
+        return path
+    if error.validator == "additionalProperties":
+        known = error.schema.get("properties", {})
+        extra = [key for key in target if key not in known]
+        return (*path, extra[0]) if extra else path
+    if isinstance(error.instance, str) and error.instance in target:  # propertyNames
+        return (*path, error.instance)
+    return path
+
+
 def _describe(error: Any) -> str:
     validator = error.validator
+    where = [part for part in error.absolute_path if isinstance(part, str)]
     if validator == "enum":
         allowed = ", ".join(map(str, error.validator_value))
         return f"{error.instance!r} is not allowed; expected one of: {allowed}"
     if validator == "additionalProperties":
-        return f"{error.message}"
+        known = list(error.schema.get("properties", {}))
+        extra = [key for key in error.instance if key not in known]
+        return f"unknown field {extra[0]!r}; expected one of: {', '.join(known)}"
     if validator == "required":
         return error.message
     if validator == "type":
-        return f"expected {error.validator_value}, got {type(error.instance).__name__} {error.instance!r}"
+        return (
+            f"expected {error.validator_value}, got {type(error.instance).__name__} "
+            f"{error.instance!r}"
+        )
+    if where[-2:] == ["version", "name"]:
+        return (
+            f"{error.instance!r} is not a framework version: write 'default', a quoted "
+            "version such as '1.30', or a list of them (unquoted, YAML reads 1.30 as the "
+            "number 1.3)"
+        )
+    if validator == "pattern" and "patterns" in where:
+        return f"{error.instance!r} is not a fusion pattern: write op types joined by ' + '"
     return error.message
 
 
-def _check_semantics(blocks: list[dict[str, Any]], source: str, lines: Mapping[JsonPath, int]) -> None:
+def _check_semantics(
+    blocks: list[dict[str, Any]], source: str, lines: Mapping[JsonPath, int]
+) -> None:
     default_at: int | None = None
     seen_versions: dict[str, int] = {}
     for index, block in enumerate(blocks):
@@ -158,15 +202,23 @@ def _check_semantics(blocks: list[dict[str, Any]], source: str, lines: Mapping[J
             if name == "default":
                 if default_at is not None:
                     raise CapabilityError(
-                        _error(source, lines, (index, "version", "name"),
-                               f"a second 'default' block (the first is block {default_at})"),
+                        _error(
+                            source,
+                            lines,
+                            (index, "version", "name"),
+                            f"a second 'default' block (the first is block {default_at})",
+                        ),
                         hint="keep exactly one default block",
                     )
                 default_at = index
             elif name in seen_versions:
                 raise CapabilityError(
-                    _error(source, lines, (index, "version", "name"),
-                           f"version {name} already has block {seen_versions[name]}"),
+                    _error(
+                        source,
+                        lines,
+                        (index, "version", "name"),
+                        f"version {name} already has block {seen_versions[name]}",
+                    ),
                     hint="give each framework version one block",
                 )
             else:
@@ -175,21 +227,33 @@ def _check_semantics(blocks: list[dict[str, Any]], source: str, lines: Mapping[J
         for precision in block["ops"]:
             if precision not in precisions:
                 raise CapabilityError(
-                    _error(source, lines, (index, "ops", precision),
-                           f"precision {precision!r} is not listed in 'precisions'"),
+                    _error(
+                        source,
+                        lines,
+                        (index, "ops", precision),
+                        f"precision {precision!r} is not listed in 'precisions'",
+                    ),
                     hint=f"add {precision} to the block's precisions",
                 )
         for precision, modes in block.get("capabilities", {}).items():
             if precision not in precisions:
                 raise CapabilityError(
-                    _error(source, lines, (index, "capabilities", precision),
-                           f"precision {precision!r} is not listed in 'precisions'"),
+                    _error(
+                        source,
+                        lines,
+                        (index, "capabilities", precision),
+                        f"precision {precision!r} is not listed in 'precisions'",
+                    ),
                     hint=f"add {precision} to the block's precisions",
                 )
             if precision in ("fp32", "fp16", "bf16"):
                 raise CapabilityError(
-                    _error(source, lines, (index, "capabilities", precision),
-                           "float precisions take no quantization capabilities"),
+                    _error(
+                        source,
+                        lines,
+                        (index, "capabilities", precision),
+                        "float precisions take no quantization capabilities",
+                    ),
                     hint="list float fallbacks under 'ops' only",
                 )
             for mode, per_op in modes.items():
@@ -197,9 +261,13 @@ def _check_semantics(blocks: list[dict[str, Any]], source: str, lines: Mapping[J
                     declared = block["ops"].get(precision, [])
                     if op_type != "default" and op_type not in declared and "*" not in declared:
                         raise CapabilityError(
-                            _error(source, lines, (index, "capabilities", precision, mode, op_type),
-                                   f"op type {op_type!r} has {precision} {mode} capability but "
-                                   f"is not listed under ops.{precision}"),
+                            _error(
+                                source,
+                                lines,
+                                (index, "capabilities", precision, mode, op_type),
+                                f"op type {op_type!r} has {precision} {mode} capability but "
+                                f"is not listed under ops.{precision}",
+                            ),
                             hint=f"add {op_type} to ops.{precision}",
                         )
 
@@ -236,7 +304,7 @@ def select_block(
         installed_release = Version(".".join(map(str, installed.release)))
         eligible = [c for c in candidates if c[0] <= installed_release]
         if eligible:
-            version, name, block = max(eligible, key=lambda c: c[0])
+            _version, name, block = max(eligible, key=lambda c: c[0])
             return block, name
     if default is not None:
         return default, "default"
