@@ -133,10 +133,13 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     target = Path(out) if out else _default_out(result.framework, Path(model).stem)
     written = result.save(target)
     ops = result.tune_cfg.ops.values()
-    console.print(
-        f"quantized {sum(c.quantized for c in ops)} of {len(ops)} ops "
-        f"({result.framework}); wrote {written}"
-    )
+    quantized = sum(c.quantized for c in ops)
+    console.print(f"quantized {quantized} of {len(ops)} ops ({result.framework}); wrote {written}")
+    if not quantized:
+        console.print(
+            "[yellow]warning[/]: no op was quantized with these options; "
+            f"`lpq capability show {result.framework}` lists what each op type supports"
+        )
 
 
 @click.command("tune")

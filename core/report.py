@@ -53,8 +53,9 @@ def trials_table(baseline: TrialRecord, trials: list[TrialRecord], best_index: i
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     goal = "[green]met[/]" if summary["goal_met"] else "[yellow]NOT met[/]"
     loss = summary.get("relative_accuracy_loss")
+    reason = summary["stop_reason"]
     lines = [
-        f"accuracy goal {goal} ({summary['stop_reason']})",
+        f"accuracy goal {goal}" + (f" ({reason})" if reason != "accuracy goal met" else ""),
         f"{summary['metric']}: fp32 {_fmt(summary['baseline_accuracy'])} -> quantized "
         f"{_fmt(summary['final_accuracy'])}"
         + (f" (relative loss {loss * 100:.2f}%)" if loss is not None else ""),
