@@ -15,9 +15,12 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
+
 from lpq import discovery
 from lpq import manager as manager_module
 
@@ -59,6 +62,8 @@ class FakeSite:
 
     path: Path
     modules: list[str] = field(default_factory=list)
+    #: Further ``PYTHONPATH`` entries for subprocesses (plugin source folders).
+    extra_paths: list[str] = field(default_factory=list)
 
     def add(
         self,
@@ -93,7 +98,7 @@ class FakeSite:
         """Environment for a subprocess that sees these distributions."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LPQ_")}
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(self.path), env.get("PYTHONPATH", "")) if p
+            p for p in (str(self.path), *self.extra_paths, env.get("PYTHONPATH", "")) if p
         )
         env.update(extra)
         return env
@@ -137,3 +142,49 @@ def run_lpq() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@dataclass(frozen=True)
+class RepoPlugin:
+    """A plugin distribution of this repo, read from its ``pyproject.toml``."""
+
+    distribution: str
+    name: str
+    entry_point: str
+    folder: Path
+
+    @property
+    def installed(self) -> bool:
+        try:
+            dist = metadata.distribution(self.distribution)
+        except metadata.PackageNotFoundError:
+            return False
+        return any(ep.group == "lpq" and ep.name == self.name for ep in dist.entry_points)
+
+
+def repo_plugins() -> list[RepoPlugin]:
+    """Every plugin of ``plugins/*`` that has a ``pyproject.toml`` with an lpq entry point."""
+    found = []
+    for pyproject in sorted(REPO.glob("plugins/*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        for name, value in project.get("entry-points", {}).get("lpq", {}).items():
+            found.append(RepoPlugin(project["name"], name, value, pyproject.parent))
+    return found
+
+
+@pytest.fixture
+def all_plugins_site(fake_site: FakeSite) -> FakeSite:
+    """A site where every plugin of this repo is visible: the installed ones as they are,
+    the others from their source folder with fake metadata (so that framework-free checks
+    cover every plugin even in a partial environment)."""
+    for plugin in repo_plugins():
+        if plugin.installed:
+            continue
+        info = fake_site.path / f"{plugin.distribution.replace('-', '_')}-0.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {plugin.distribution}\nVersion: 0.0\n"
+        )
+        (info / "entry_points.txt").write_text(f"[lpq]\n{plugin.name} = {plugin.entry_point}\n")
+        fake_site.extra_paths.append(str(plugin.folder))
+    return fake_site
