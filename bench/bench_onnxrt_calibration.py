@@ -10,7 +10,7 @@ Compares, on a ResNet-style conv net built here with random weights (input 1x3xS
   ``collect_data`` and ``compute_data``.
 
 Both calibrate the same tensors: every input and output of every node, except weights.
-Each variant runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own;
+Each variant runs in a fresh subprocess so its peak RSS (VmHWM) is its own;
 "growth" is peak RSS minus the RSS just before calibration started (model loaded, no
 data yet). Inputs are generated one sample at a time on both sides, so the input data
 itself never inflates the numbers. Variants are interleaved; timings on a shared machine
@@ -126,15 +126,32 @@ def calibrated_tensors(model: Any) -> list[str]:
     return [n for n in dict.fromkeys(names) if n and n not in weights]
 
 
-def rss_mib() -> float:
+def _status_mib(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024.0
     return float("nan")
 
 
+def rss_mib() -> float:
+    return _status_mib("VmRSS")
+
+
+def peak_rss_mib() -> float:
+    """This process image's peak RSS.
+
+    VmHWM, not ``ru_maxrss``: Linux carries ``ru_maxrss`` over fork and exec, so a
+    worker would report its parent's peak.
+    """
+    peak = _status_mib("VmHWM")
+    if peak == peak:  # not NaN
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def run_lpq(model_path: str, variant: str, samples: int, size: int) -> dict[str, list[float]]:
     import onnx
+
     from lpq_onnxrt.calibration import collect_statistics
 
     model = onnx.load(model_path)
@@ -173,15 +190,16 @@ def run_ort(model_path: str, variant: str, samples: int, size: int) -> dict[str,
 
 def worker(variant: str, samples: int, size: int, model_path: str) -> None:
     """Runs one variant in this (fresh) process and prints its measurements as JSON."""
-    import lpq_onnxrt.calibration  # noqa: F401
     import onnxruntime  # noqa: F401  (import cost is not calibration cost)
+
+    import lpq_onnxrt.calibration  # noqa: F401
 
     before = rss_mib()
     start = time.perf_counter()
     run = run_lpq if variant.startswith("lpq") else run_ort
     ranges = run(model_path, variant, samples, size)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    peak = peak_rss_mib()
     result = {"seconds": seconds, "peak_rss_mib": peak, "rss_before_mib": before, "ranges": ranges}
     print("RESULT " + json.dumps(result))
 
@@ -195,12 +213,46 @@ def spawn(variant: str, samples: int, size: int, model_path: str) -> dict[str, A
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def range_agreement(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
-    """Median over shared tensors of width(a) / width(b) (1.0 = same ranges)."""
-    ratios = [
-        (a[n][1] - a[n][0]) / (b[n][1] - b[n][0]) for n in a if n in b and b[n][1] - b[n][0] > 0
-    ]
+def threshold(r: list[float]) -> float:
+    return max(-r[0], r[1])
+
+
+def threshold_ratio(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
+    """Median over shared tensors of max|range| in ``a`` / in ``b`` (1.0 = same)."""
+    ratios = [threshold(a[n]) / threshold(b[n]) for n in a if n in b and threshold(b[n]) > 0]
     return float(np.median(ratios)) if ratios else float("nan")
+
+
+def exact_percentiles(model: Any, names: list[str], samples: int, size: int) -> dict[str, float]:
+    """np.percentile(|x|, 99.999) of every tensor over all samples (holds them all)."""
+    import onnx
+    import onnxruntime
+
+    augmented = onnx.ModelProto()
+    augmented.CopyFrom(model)
+    outputs = {o.name for o in augmented.graph.output}
+    augmented.graph.output.extend(
+        onnx.ValueInfoProto(name=n) for n in names if n not in outputs and n != "input"
+    )
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(augmented.SerializeToString(), options)
+    order = [o.name for o in session.get_outputs()]
+    held: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for i in range(samples):
+        feed = {"input": sample(i, size)}
+        held["input"].append(feed["input"].ravel())
+        for name, value in zip(order, session.run(None, feed)):
+            if name in held:
+                held[name].append(np.abs(value).ravel())
+    result = {}
+    for name in names:
+        result[name] = float(np.percentile(np.abs(np.concatenate(held.pop(name))), 99.999))
+    return result
+
+
+def relative_errors(ranges: dict[str, list[float]], exact: dict[str, float]) -> list[float]:
+    return [abs(threshold(ranges[n]) - t) / t for n, t in exact.items() if t > 0]
 
 
 def main() -> None:
@@ -220,6 +272,8 @@ def main() -> None:
     import onnxruntime
 
     rows: list[dict[str, Any]] = []
+    checked: dict[str, Any] = {}
+    accuracy: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as folder:
         model_path = f"{folder}/resnet_like.onnx"
         model = build_resnet_like(args.size)
@@ -233,6 +287,8 @@ def main() -> None:
                     f"  {variant:15s} {samples:4d} samples: {results[variant]['seconds']:.1f} s",
                     flush=True,
                 )
+            if samples == min(args.samples):
+                checked = results
             for variant, result in results.items():
                 peer = "ort-entropy" if variant.endswith("kl") else "ort-percentile"
                 rows.append(
@@ -242,28 +298,42 @@ def main() -> None:
                         "seconds": round(result["seconds"], 2),
                         "peak_rss_mib": round(result["peak_rss_mib"], 1),
                         "growth_mib": round(result["peak_rss_mib"] - result["rss_before_mib"], 1),
-                        "range_width_vs_ort": round(
-                            range_agreement(result["ranges"], results[peer]["ranges"]), 3
+                        "threshold_vs_ort": round(
+                            threshold_ratio(result["ranges"], results[peer]["ranges"]), 3
                         )
                         if variant.startswith("lpq")
                         else None,
                     }
                 )
 
+    # Accuracy against exact numpy on the same samples; after all memory measurements,
+    # since it holds every activation in this process.
+    low = min(args.samples)
+    exact = exact_percentiles(model, calibrated_tensors(model), low, args.size)
+    for variant in ("lpq-percentile", "ort-percentile"):
+        errors = relative_errors(checked[variant]["ranges"], exact)
+        accuracy[variant] = {
+            "samples": low,
+            "median_relative_error": round(float(np.median(errors)), 5),
+            "max_relative_error": round(float(np.max(errors)), 5),
+        }
+    del exact
+
     print(
         f"\nResNet-style net, input 1x3x{args.size}x{args.size}, {num_tensors} tensors calibrated"
     )
     header = (
         f"{'variant':16s}{'samples':>8s}{'time s':>9s}"
-        f"{'peak RSS MiB':>14s}{'growth MiB':>12s}{'width/ORT':>11s}"
+        f"{'peak RSS MiB':>14s}{'growth MiB':>12s}{'thr/ORT':>9s}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
-        width = "" if row["range_width_vs_ort"] is None else f"{row['range_width_vs_ort']:.3f}"
+        ratio = row["threshold_vs_ort"]
+        width = "" if ratio is None else f"{ratio:.3f}"
         print(
             f"{row['variant']:16s}{row['samples']:8d}{row['seconds']:9.2f}"
-            f"{row['peak_rss_mib']:14.1f}{row['growth_mib']:12.1f}{width:>11s}"
+            f"{row['peak_rss_mib']:14.1f}{row['growth_mib']:12.1f}{width:>9s}"
         )
     by = {(r["variant"], r["samples"]): r for r in rows}
     summary = {}
@@ -280,12 +350,18 @@ def main() -> None:
             f" {summary['lpq_kl_peak_over_ort_entropy_peak']:.3f} x ORT Entropy's"
             f" (growth {summary['lpq_kl_growth_over_ort_entropy_growth']:.3f} x)"
         )
-    low = min(args.samples)
     for variant in ("lpq-kl", "lpq-percentile"):
         if (variant, low) in by and (variant, top) in by and top != low:
             ratio = by[(variant, top)]["peak_rss_mib"] / by[(variant, low)]["peak_rss_mib"]
             summary[f"{variant}_peak_{top}_over_{low}"] = round(ratio, 3)
             print(f"{variant} peak RSS {top} vs {low} samples: {ratio:.3f} x")
+
+    for variant, acc in accuracy.items():
+        print(
+            f"{variant} 99.999th-percentile threshold vs exact np.percentile"
+            f" ({acc['samples']} samples): median error {acc['median_relative_error']:.2%},"
+            f" max {acc['max_relative_error']:.2%}"
+        )
 
     from lpq import write_json
 
@@ -299,9 +375,11 @@ def main() -> None:
             "onnxruntime": onnxruntime.__version__,
             "machine": platform.machine(),
             "notes": "each variant in a fresh subprocess; growth = peak RSS minus RSS before"
-            " calibration; width/ORT = median over tensors of lpq range width / ORT range width",
+            " calibration; thr/ORT = median over tensors of lpq max|range| / ORT max|range|;"
+            " percentile_error = |threshold - exact np.percentile(|x|, 99.999)| / exact",
             "rows": rows,
             "summary": summary,
+            "percentile_accuracy": accuracy,
         },
     )
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
