@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from lpq import ConfigError, DataError, ModelError, atomic_write
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class _TensorHistogram:
     bound: float = 0.0
     positive: np.ndarray = field(init=False)  # counts of x >= 0 by |x| bin
     negative: np.ndarray = field(init=False)  # counts of x < 0 by |x| bin
+    # compute_range results, keyed by its arguments; cleared whenever data arrives.
+    ranges: dict[tuple[Any, ...], tuple[float, float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.positive = np.zeros(self.num_bins, dtype=np.int64)
@@ -78,6 +81,7 @@ class _TensorHistogram:
             flat = flat[finite]
         if flat.size == 0:
             return
+        self.ranges.clear()
         lo, hi = float(flat.min()), float(flat.max())
         self.minimum = min(self.minimum, lo)
         self.maximum = max(self.maximum, hi)
@@ -144,7 +148,6 @@ class CalibrationStats:
             )
         self.num_bins = num_bins
         self._tensors: dict[str, _TensorHistogram] = {}
-        self._cache: dict[tuple[Any, ...], tuple[float, float]] = {}
 
     def update(self, name: str, values: np.ndarray) -> None:
         """Fold a chunk of tensor ``name`` into its statistics.
@@ -164,7 +167,6 @@ class CalibrationStats:
         if histogram is None:
             histogram = self._tensors[name] = _TensorHistogram(self.num_bins)
         histogram.add(array)
-        self._cache = {key: rng for key, rng in self._cache.items() if key[0] != name}
 
     def tensor_names(self) -> list[str]:
         """Names of all tensors seen so far, in first-seen order."""
@@ -210,11 +212,11 @@ class CalibrationStats:
             raise ConfigError(f"num_quant_levels must be at least 4, not {num_quant_levels}")
         if not 0.0 < percentile <= 100.0:
             raise ConfigError(f"percentile must be in (0, 100], not {percentile}")
-        key = (name, algorithm, symmetric, num_quant_levels, percentile)
-        cached = self._cache.get(key)
+        histogram = self._get(name)
+        key = (algorithm, symmetric, num_quant_levels, percentile)
+        cached = histogram.ranges.get(key)
         if cached is not None:
             return cached
-        histogram = self._get(name)
         if histogram.count == 0:
             what = "only NaN/inf values" if histogram.nonfinite else "no values"
             raise DataError(
@@ -229,7 +231,7 @@ class CalibrationStats:
             result = _kl_range(histogram, symmetric, num_quant_levels)
         lo, hi = result
         result = (min(float(lo), 0.0), max(float(hi), 0.0))
-        self._cache[key] = result
+        histogram.ranges[key] = result
         return result
 
     def save(self, path: str | os.PathLike[str]) -> None:

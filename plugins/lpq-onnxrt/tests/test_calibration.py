@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import lpq
 import numpy as np
 import pytest
+
+import lpq
 from lpq_onnxrt.calibration import CalibrationStats, collect_statistics
 
 NUM_BINS = 2048
@@ -304,3 +305,16 @@ def test_collect_statistics_leaves_the_callers_session_options_alone() -> None:
     stats = collect_statistics(model, ["r"], feeds, session_options=options)
     assert stats.count("r") == 32
     assert options.graph_optimization_level == level
+
+
+def test_collect_statistics_on_a_model_too_large_to_serialize_inline(monkeypatch) -> None:
+    from lpq_onnxrt import calibration
+
+    monkeypatch.setattr(calibration, "_MAX_INLINE_MODEL_BYTES", 0)  # take the external-data path
+    model, w = _mlp_model()
+    x = np.random.default_rng(6).normal(size=(3, 8)).astype(np.float32)
+    stats = collect_statistics(model, ["h_b"], [{"x": x}])
+    h_b = x @ w["w1"] + w["b1"]
+    assert stats.compute_range("h_b", "minmax", symmetric=False) == pytest.approx(
+        (min(h_b.min(), 0.0), max(h_b.max(), 0.0)), rel=1e-5
+    )
