@@ -127,8 +127,17 @@ class PluginManager:
             try:
                 self._run_registration_hooks(name)
             except Exception as exc:
+                listed = self._records.get(name) is rec
                 self.unregister(name)
-                self._fail(rec, f"registration failed: {type(exc).__name__}: {exc}", "", exc)
+                if listed:  # keep the failure visible in `lpq plugins list`
+                    self._records[name] = rec
+                self._fail(
+                    rec,
+                    f"registration failed: {type(exc).__name__}: {exc}",
+                    f"the plugin's lpq_register_* hooks raised; upgrade {rec.distribution} "
+                    f"or disable it with LPQ_DISABLE_PLUGINS={name}",
+                    exc,
+                )
                 return
             rec.status = PluginStatus.OK
             rec.hooks = sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or [])

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import sys
 
-import lpq
 import pytest
 from conftest import GOOD_PLUGIN, RAISING_PLUGIN, WRONG_SIGNATURE_PLUGIN, FakeSite
+
+import lpq
 from lpq import discovery
 from lpq.discovery import PluginStatus
 
@@ -210,3 +211,25 @@ def test_strict_mode_values(monkeypatch):
     for value, expected in [("1", True), ("true", True), ("ON", True), ("0", False), ("", False)]:
         monkeypatch.setenv("LPQ_PLUGINS_STRICT", value)
         assert discovery.strict_mode() is expected
+
+
+REGISTRATION_RAISES = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_register_adaptors(register):
+    raise KeyError("capability_files")
+"""
+
+
+def test_registration_hook_raising_is_listed_as_error(fake_site: FakeSite, monkeypatch):
+    fake_site.add("lpq-toy", "toy", GOOD_PLUGIN.format(framework="toyfw"))
+    fake_site.add("lpq-halfway", "halfway", REGISTRATION_RAISES)
+    found = records(monkeypatch, "toy,halfway")
+    record = found["halfway"]
+    assert record.status is PluginStatus.ERROR
+    assert "registration failed: KeyError" in record.message
+    assert "LPQ_DISABLE_PLUGINS=halfway" in record.hint
+    assert found["toy"].status is PluginStatus.OK
+    assert lpq.get_plugin_manager()._pm.get_plugin("halfway") is None
