@@ -318,3 +318,15 @@ def test_collect_statistics_on_a_model_too_large_to_serialize_inline(monkeypatch
     assert stats.compute_range("h_b", "minmax", symmetric=False) == pytest.approx(
         (min(h_b.min(), 0.0), max(h_b.max(), 0.0)), rel=1e-5
     )
+
+
+def test_kl_coarse_to_fine_search_matches_exhaustive_search(
+    gaussian: np.ndarray, monkeypatch
+) -> None:
+    from lpq_onnxrt import calibration
+
+    data = np.concatenate([gaussian, np.abs(gaussian[:50_000]) * 3.0])  # skewed, heavier tail
+    fast = _stats(data).compute_range("t", "kl", symmetric=True)
+    monkeypatch.setattr(calibration, "_KL_COARSE_STEPS", 10**9)  # every threshold
+    exhaustive = _stats(data).compute_range("t", "kl", symmetric=True)
+    assert abs(fast[1] - exhaustive[1]) <= 8 * _bin_width(data)
