@@ -34,9 +34,8 @@ def convert_nodes(model: onnx.ModelProto, precisions: Mapping[str, str]) -> onnx
             raise ConfigError(
                 f"node {name}: cannot convert to {precision!r}", hint="use fp16 or bf16"
             )
-    work = model_io.copy_model(model)
-    if not work.graph.value_info:
-        work = model_io.infer_shapes(work)
+    # Quantizers add tensors without value_info: infer types afresh.
+    work = model_io.infer_shapes(model_io.copy_model(model))
     types = tensor_types(work)
     nodes = {node.name: node for node in work.graph.node}
     missing = [name for name in precisions if name not in nodes]

@@ -50,13 +50,16 @@ def _activation_tensor(
     elif fp32_output and f"{fp32_output}_quantized" in produced:
         # QOperator: the node became QLinear*; dequantize its output for inspection.
         qnode = produced[f"{fp32_output}_quantized"]
-        if len(qnode.input) < 8:
-            raise ConfigError(f"cannot dequantize the output of {op_name} ({qnode.op_type})")
+        # Output scale / zero point: inputs 6, 7 of QLinearConv/QLinearMatMul/QLinearAdd,
+        # 7, 8 of QGemm (after the bias); a QGemm without them outputs float already.
+        first = 7 if qnode.op_type == "QGemm" else 6
+        if len(qnode.input) < first + 2 or not qnode.input[first]:
+            return str(qnode.output[0])
         tensor = f"{fp32_output}__lpq_inspect"
         added.append(
             helper.make_node(
                 "DequantizeLinear",
-                [qnode.output[0], qnode.input[6], qnode.input[7]],
+                [qnode.output[0], qnode.input[first], qnode.input[first + 1]],
                 [tensor],
                 name=f"{op_name}__lpq_inspect_dq",
             )

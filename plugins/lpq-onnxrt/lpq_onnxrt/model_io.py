@@ -285,3 +285,38 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+def topological_sort(model: onnx.ModelProto) -> None:
+    """Order ``model``'s nodes so each comes after its inputs' producers, in place.
+
+    ORT's quantizers append Q/DQ nodes at the end of the graph; ORT itself accepts that,
+    but the ONNX spec (and ``onnx.checker``) requires topological order. The sort is
+    stable: nodes keep their original relative order where dependencies allow.
+    """
+    import heapq
+
+    nodes = list(model.graph.node)
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    waiting = [0] * len(nodes)
+    users: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        deps = {producer[name] for name in node.input if name in producer}
+        deps.discard(index)
+        waiting[index] = len(deps)
+        for dep in deps:
+            users.setdefault(dep, []).append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for user in users.get(index, []):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    if len(order) != len(nodes):  # a cycle: leave the graph as it is for ORT to report
+        return
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[index] for index in order)

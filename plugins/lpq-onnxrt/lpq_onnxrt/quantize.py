@@ -121,6 +121,7 @@ def quantize(
         from .convert import convert_nodes
 
         work = convert_nodes(work, floats)
+    model_io.topological_sort(work)
     return QuantizedModel(
         work,
         tune_cfg,

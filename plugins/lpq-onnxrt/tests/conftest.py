@@ -52,3 +52,50 @@ def calib_loader(digits: dict[str, Any]) -> lpq.ArrayLoader:
 @pytest.fixture
 def eval_loader(digits: dict[str, Any]) -> lpq.ArrayLoader:
     return lpq.ArrayLoader(digits["eval_x"], digits["eval_y"], batch_size=100)
+
+
+def _mlp_proto(calib_x: np.ndarray, labels: np.ndarray, opset: int = 17) -> Any:
+    """A 64-128-10 MatMul/Relu/MatMul classifier for the digits, with a random first layer
+    and a ridge-regression read-out (deterministic, about 95% top-1). No Add after the
+    MatMuls, so ORT's basic optimizations keep them as MatMul (not Gemm)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.25, (64, 128)).astype(np.float32)
+    x = calib_x.reshape(len(calib_x), -1)
+    h = np.maximum(x @ w1, 0)
+    onehot = np.eye(10, dtype=np.float32)[labels]
+    w2 = np.linalg.solve(h.T @ h + 1.0 * np.eye(128), h.T @ onehot).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["flat"], name="flatten"),
+            helper.make_node("MatMul", ["flat", "w1"], ["h"], name="mm1"),
+            helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+            helper.make_node("MatMul", ["hr", "w2"], ["logits"], name="mm2"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(np.array([-1, 64], dtype=np.int64), "shape"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="session")
+def mlp_model(digits: dict[str, Any]) -> Any:
+    """The MLP, fitted on the last 997 digits (not the 400 eval ones)."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).astype(np.float32)[:, None]
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], data.target[order]
+    return _mlp_proto(x[400:], y[400:])

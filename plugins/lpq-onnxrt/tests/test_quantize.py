@@ -1,0 +1,282 @@
+"""Quantize real models with ORT, run them, and check accuracy and the quantized graph."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import lpq
+from lpq.metrics import TopK
+from lpq_onnxrt import ranges
+
+FW = "onnxrt"
+
+
+@pytest.fixture
+def pm() -> lpq.PluginManager:
+    return lpq.get_plugin_manager()
+
+
+def _cfg(cap: lpq.FrameworkCapability, mode: str = "static", **options: Any) -> lpq.TuneConfig:
+    """The first config of ``mode`` for every op that has one (others stay fp32)."""
+    ops = {}
+    for key in cap.opwise:
+        ops[key] = next((c for c in cap.op_configs(key) if c.mode == mode), lpq.OpConfig.fallback())
+    return lpq.TuneConfig(ops=ops, calib_sampling_size=200, options=options)
+
+
+def _ops(model: Any) -> Counter[str]:
+    return Counter(node.op_type for node in model.proto.graph.node)
+
+
+def _inits(model: Any) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.proto.graph.initializer}
+
+
+def _accuracy(pm: lpq.PluginManager, model: Any, loader: Any) -> float:
+    return pm.evaluate(FW, model, loader, [TopK(1)]).accuracy
+
+
+def test_default_static_qdq_is_u8s8_per_channel_and_accurate(
+    pm, lpq_sample_model, calib_loader, eval_loader
+):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    qmodel = pm.quantize(FW, lpq_sample_model, _cfg(cap), calib_loader)
+    onnx.checker.check_model(qmodel.proto)
+    fp32 = _accuracy(pm, lpq_sample_model, eval_loader)
+    assert fp32 >= 0.95
+    assert _accuracy(pm, qmodel, eval_loader) >= fp32 - 0.01
+    inits = _inits(qmodel)
+    # uint8 activations: every activation zero point is uint8.
+    act_zps = [inits[n.input[2]] for n in qmodel.proto.graph.node if n.op_type == "QuantizeLinear"]
+    assert act_zps and all(zp.dtype == np.uint8 for zp in act_zps)
+    # int8 per-channel weights: one scale per output channel, axis on the DQ node.
+    assert inits["conv2.weight_quantized"].dtype == np.int8
+    assert inits["conv2.weight_scale"].shape == (32,)
+    dq = next(n for n in qmodel.proto.graph.node if n.input[0] == "conv2.weight_quantized")
+    assert any(a.name == "axis" for a in dq.attribute) or inits["conv2.weight_scale"].size > 1
+    assert np.all(inits["conv2.weight_zero_point"] == 0)  # symmetric
+
+
+def test_fallback_op_stays_fp32(pm, lpq_sample_model, calib_loader, eval_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    cfg = _cfg(cap).with_ops({("conv2", "Conv"): lpq.OpConfig.fallback()})
+    qmodel = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    inits = _inits(qmodel)
+    assert "conv2.weight" in inits and inits["conv2.weight"].dtype == np.float32
+    assert "conv2.weight_quantized" not in inits
+    assert "conv1.weight_quantized" in inits and "fc1.weight_quantized" in inits
+    assert _accuracy(pm, qmodel, eval_loader) >= 0.95
+
+
+def test_per_op_dtype_scheme_and_granularity_are_honoured(pm, lpq_sample_model, calib_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    base = _cfg(cap)
+    conv1 = base.ops[("conv1", "Conv")]
+    changed = replace(
+        conv1,
+        weight=replace(conv1.weight, granularity="per_tensor"),
+        activation=replace(conv1.activation, dtype="int8", scheme="sym"),
+    )
+    qmodel = pm.quantize(
+        FW, lpq_sample_model, base.with_ops({("conv1", "Conv"): changed}), calib_loader
+    )
+    inits = _inits(qmodel)
+    assert inits["conv1.weight_scale"].size == 1  # per tensor
+    assert inits["conv2.weight_scale"].size == 32  # still per channel
+    # conv1's input activation: int8, symmetric (zero point 0); the rest stays uint8.
+    q_input = next(
+        n
+        for n in qmodel.proto.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] == "input"
+    )
+    assert inits[q_input.input[2]].dtype == np.int8 and inits[q_input.input[2]] == 0
+    q_r2 = next(
+        n for n in qmodel.proto.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "r2"
+    )
+    assert inits[q_r2.input[2]].dtype == np.uint8
+
+
+def test_qoperator_format_produces_qlinear_ops(pm, lpq_sample_model, calib_loader, eval_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    qmodel = pm.quantize(FW, lpq_sample_model, _cfg(cap, quant_format="qoperator"), calib_loader)
+    ops = _ops(qmodel)
+    assert ops["QLinearConv"] == 2 and ops["Conv"] == 0
+    assert _accuracy(pm, qmodel, eval_loader) >= 0.95
+
+
+def test_dynamic_matmul(pm, mlp_model, calib_loader, eval_loader):
+    cap = pm.query_capability(FW, mlp_model, None, {})
+    assert set(cap.opwise) == {("mm1", "MatMul"), ("mm2", "MatMul")}
+    qmodel = pm.quantize(FW, mlp_model, _cfg(cap, "dynamic"), None)  # no calibration data
+    ops = _ops(qmodel)
+    assert ops["DynamicQuantizeLinear"] == 2 and ops["MatMulInteger"] == 2
+    assert ops["MatMul"] == 0
+    fp32 = _accuracy(pm, mlp_model, eval_loader)
+    assert fp32 >= 0.93
+    assert _accuracy(pm, qmodel, eval_loader) >= fp32 - 0.02
+
+
+@pytest.mark.parametrize("precision", ["int4", "uint4"])
+def test_int4_weight_only_matmul(pm, mlp_model, eval_loader, precision):
+    cap = pm.query_capability(FW, mlp_model, None, {})
+    ops = {}
+    for key in cap.opwise:
+        ops[key] = next(
+            c
+            for c in cap.op_configs(key)
+            if c.precision == precision and c.weight.options["block_size"] == 32
+        )
+    qmodel = pm.quantize(FW, mlp_model, lpq.TuneConfig(ops=ops), None)
+    nbits = [n for n in qmodel.proto.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 and _ops(qmodel)["MatMul"] == 0
+    attrs = {a.name: a.i for a in nbits[0].attribute}
+    assert attrs["bits"] == 4 and attrs["block_size"] == 32
+    fp32 = _accuracy(pm, mlp_model, eval_loader)
+    assert _accuracy(pm, qmodel, eval_loader) >= fp32 - 0.04
+
+
+def test_mixed_modes_in_one_model(pm, mlp_model, calib_loader, eval_loader):
+    cap = pm.query_capability(FW, mlp_model, None, {})
+    static = next(c for c in cap.op_configs(("mm1", "MatMul")) if c.mode == "static")
+    dynamic = next(c for c in cap.op_configs(("mm2", "MatMul")) if c.mode == "dynamic")
+    cfg = lpq.TuneConfig(ops={("mm1", "MatMul"): static, ("mm2", "MatMul"): dynamic})
+    qmodel = pm.quantize(FW, mlp_model, cfg, calib_loader)
+    ops = _ops(qmodel)
+    assert ops["MatMulInteger"] == 1 and ops["QuantizeLinear"] >= 1
+    assert _accuracy(pm, qmodel, eval_loader) >= 0.93
+
+
+def test_fp16_fallback_inserts_casts_and_runs(pm, lpq_sample_model, calib_loader, eval_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    assert "fp16" in cap.fallback_precisions(("conv2", "Conv"))
+    cfg = _cfg(cap).with_ops({("conv2", "Conv"): lpq.OpConfig.fallback("fp16")})
+    qmodel = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    conv2 = next(n for n in qmodel.proto.graph.node if n.name == "conv2")
+    inits = _inits(qmodel)
+    assert all(not name.endswith("_quantized") for name in conv2.input)
+    assert _ops(qmodel)["Cast"] >= 2
+    assert "conv2.weight_quantized" not in inits
+    assert _accuracy(pm, qmodel, eval_loader) >= 0.95
+
+
+def test_convert_bf16_without_kernel_is_a_model_error(pm, lpq_sample_model):
+    cap = pm.query_capability(FW, lpq_sample_model, None, {})
+    assert "bf16" not in cap.fallback_precisions(("conv1", "Conv"))
+    with pytest.raises(lpq.ModelError, match="no kernel"):
+        pm.convert_bf16(FW, lpq_sample_model, ["conv1"], "bf16")
+
+
+def test_convert_fp16_runs(pm, lpq_sample_model, eval_loader):
+    converted = pm.convert_bf16(FW, lpq_sample_model, ["conv1", "fc1"], "fp16")
+    types = {n.name: n for n in converted.graph.node}
+    assert types["conv1"].input[0].endswith("__lpq_fp16_conv1")
+    assert _accuracy(pm, converted, eval_loader) >= 0.95
+
+
+def test_old_opset_is_upgraded_for_per_channel(pm, lpq_sample_model, calib_loader, eval_loader):
+    model = onnx.load(str(lpq_sample_model))
+    model.opset_import[0].version = 11  # the ops used mean the same at opset 11
+    onnx.checker.check_model(model)
+    cap = pm.query_capability(FW, model, calib_loader, {})
+    qmodel = pm.quantize(FW, model, _cfg(cap), calib_loader)
+    opset = next(o.version for o in qmodel.proto.opset_import if o.domain in ("", "ai.onnx"))
+    assert opset >= 13  # DequantizeLinear's axis needs opset 13
+    onnx.checker.check_model(qmodel.proto, full_check=True)
+    assert _accuracy(pm, qmodel, eval_loader) >= 0.95
+    assert model.opset_import[0].version == 11  # the input was not modified
+
+
+def test_input_model_is_not_modified(pm, lpq_sample_model, calib_loader):
+    model = onnx.load(str(lpq_sample_model))
+    before = model.SerializeToString()
+    cap = pm.query_capability(FW, model, calib_loader, {})
+    pm.quantize(FW, model, _cfg(cap), calib_loader)
+    assert model.SerializeToString() == before
+
+
+def test_calibration_is_cached_across_fallback_trials(
+    pm, lpq_sample_model, calib_loader, monkeypatch
+):
+    import lpq_onnxrt.calibration as calibration
+
+    calls: list[int] = []
+    original = calibration.collect_statistics
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "collect_statistics", counting)
+    ranges.clear_cache()
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    cfg = _cfg(cap)
+    pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    pm.quantize(
+        FW, lpq_sample_model, cfg.with_ops({("fc1", "Gemm"): lpq.OpConfig.fallback()}), calib_loader
+    )
+    conv1 = cfg.ops[("conv1", "Conv")]
+    kl = replace(conv1, activation=replace(conv1.activation, algorithm="kl"))
+    pm.quantize(FW, lpq_sample_model, cfg.with_ops({("conv1", "Conv"): kl}), calib_loader)
+    assert len(calls) == 1
+    pm.quantize(FW, lpq_sample_model, replace(cfg, calib_sampling_size=100), calib_loader)
+    assert len(calls) == 2  # a different sample count is a different calibration
+
+
+def test_calibration_uses_exactly_calib_sampling_size(
+    pm, lpq_sample_model, calib_loader, monkeypatch
+):
+    import lpq_onnxrt.calibration as calibration
+
+    seen: list[int] = []
+    original = calibration.collect_statistics
+
+    def counting(model: Any, names: Any, feeds: Any, **kwargs: Any) -> Any:
+        def tap() -> Any:
+            for feed in feeds:
+                seen.append(len(feed["input"]))
+                yield feed
+
+        return original(model, names, tap(), **kwargs)
+
+    monkeypatch.setattr(calibration, "collect_statistics", counting)
+    ranges.clear_cache()
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    pm.quantize(FW, lpq_sample_model, replace(_cfg(cap), calib_sampling_size=70), calib_loader)
+    assert sum(seen) == 70  # batches of 50: one full batch and 20 of the next
+
+
+def test_algorithms_give_different_ranges(pm, lpq_sample_model, calib_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    cfg = _cfg(cap)
+    found = {}
+    for algorithm in ("minmax", "percentile", "kl"):
+        ops = {
+            key: replace(c, activation=replace(c.activation, algorithm=algorithm))
+            for key, c in cfg.ops.items()
+        }
+        found[algorithm] = pm.quantize(
+            FW, lpq_sample_model, replace(cfg, ops=ops), calib_loader
+        ).ranges
+    assert set(found["minmax"]) == set(found["kl"])
+    r2 = [found[a]["r2"] for a in ("minmax", "percentile", "kl")]
+    assert r2[0][1] >= r2[1][1] and r2[0][1] >= r2[2][1]  # clipping never widens
+    assert r2[0] != r2[2]
+
+
+def test_unknown_node_in_tune_cfg_is_a_config_error(pm, lpq_sample_model, calib_loader):
+    cfg = lpq.TuneConfig(ops={("nope", "Conv"): lpq.OpConfig.fallback()})
+    with pytest.raises(lpq.ConfigError, match="nope"):
+        pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+
+
+def test_static_without_data_is_a_data_error(pm, lpq_sample_model):
+    cap = pm.query_capability(FW, lpq_sample_model, None, {})
+    with pytest.raises(lpq.DataError, match="calibration data"):
+        pm.quantize(FW, lpq_sample_model, _cfg(cap), None)
