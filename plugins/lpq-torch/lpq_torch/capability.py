@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from lpq import FrameworkCapability, ModelError, installed_version, load_capability
 
 from . import graph

@@ -13,10 +13,23 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from lpq import DataError, ModelError, split_batch
 
 #: Positional and keyword arguments of one model call.
 CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def split(item: Any) -> tuple[Any, Any]:
+    """``(inputs, labels)`` of a dataloader item.
+
+    Like :func:`lpq.split_batch`, plus the ``[inputs, labels]`` *list* that
+    ``torch.utils.data.DataLoader`` collates a ``(x, y)`` dataset into. Positional inputs
+    of a multi-input model must therefore be a tuple, e.g. ``((a, b), labels)``.
+    """
+    if isinstance(item, list) and len(item) == 2:
+        return item[0], item[1]
+    return split_batch(item)
 
 
 def to_tensor(value: Any) -> Any:
@@ -64,7 +77,7 @@ def first_batch(dataloader: Iterable[Any] | None) -> CallArgs:
             hint="pass a calibration dataloader (its first batch is used as example inputs)",
         )
     for item in dataloader:
-        return call_args(split_batch(item)[0])
+        return call_args(split(item)[0])
     raise DataError("the dataloader yielded no batches", hint="pass non-empty data")
 
 

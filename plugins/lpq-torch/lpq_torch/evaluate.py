@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from lpq import DataError, EvalResult, LatencyMeasurer, Metric, batch_size, split_batch
 
-from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run
+from lpq import DataError, EvalResult, LatencyMeasurer, Metric, batch_size
+
+from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run, split
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = (
     weakref.WeakKeyDictionary()
@@ -70,7 +71,7 @@ def evaluate(
             for item in dataloader:
                 if iteration is not None and batches >= iteration:
                     break
-                inputs, labels = split_batch(item)
+                inputs, labels = split(item)
                 args = call_args(inputs)
                 if measurer is not None:
                     with measurer.measure():

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from lpq import DataError, ModelError, OpKey
 
 from .data import CallArgs, at_least_two, describe, require_module, run

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from lpq import ConfigError, DataError, Inspection, split_batch
+
+from lpq import ConfigError, DataError, Inspection
 
 from . import graph
-from .data import CallArgs, call_args, first_batch, require_module
+from .data import CallArgs, call_args, first_batch, require_module, split
 
 _BATCH_NORM = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
 
@@ -109,7 +110,7 @@ def inspect_tensor(
                 break
             capture = _Capture(gm, wanted)
             try:
-                capture.run(*_flat_inputs(call_args(split_batch(item)[0])))
+                capture.run(*_flat_inputs(call_args(split(item)[0])))
             except (RuntimeError, TypeError, ValueError, IndexError) as exc:
                 raise DataError(
                     f"the model could not run on the inspection data: {exc}",

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from lpq import ConfigError, ModelError
 
 from . import graph

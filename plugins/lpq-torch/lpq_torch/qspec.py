@@ -19,7 +19,6 @@ import re
 from typing import Any
 
 import torch
-from lpq import ConfigError, OpConfig, TensorConfig
 from torchao.quantization.pt2e import (
     HistogramObserver,
     LearnableFakeQuantize,
@@ -31,6 +30,8 @@ from torchao.quantization.pt2e import (
 )
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig
+
+from lpq import ConfigError, OpConfig, TensorConfig
 
 #: Same eps as PyTorch's x86 recipe: keeps scales of near-constant tensors sane.
 EPS = 2**-12

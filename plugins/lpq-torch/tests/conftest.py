@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import lpq
 import numpy as np
 import pytest
 import torch
-from torch_testmodels import DigitsConvNet, DigitsMLP, calib_loader, test_loader, train
+from torch_testmodels import DigitsConvNet, DigitsMLP, calib_loader, eval_loader, train
+
+import lpq
 
 torch.set_num_threads(2)
 
@@ -30,7 +31,7 @@ def lpq_sample_model(digits_convnet: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.fixture
 def lpq_sample_data() -> lpq.ArrayLoader:
-    return test_loader(batch=64)
+    return eval_loader(batch=64)
 
 
 @pytest.fixture

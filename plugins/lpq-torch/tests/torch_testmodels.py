@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import lpq
 import numpy as np
 import torch
 from torch import nn
+
+import lpq
 
 
 def digits(split: str = "test") -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +107,7 @@ def train(model: nn.Module, epochs: int = 12, lr: float = 3e-3, seed: int = 0) -
     return model.eval()
 
 
-def test_loader(batch: int = 50) -> lpq.ArrayLoader:
+def eval_loader(batch: int = 50) -> lpq.ArrayLoader:
     images, labels = digits("test")
     return lpq.ArrayLoader(images, labels, batch_size=batch)
 
