@@ -19,6 +19,7 @@ from lpq import ConfigError, DataError, Inspection
 from . import model_io
 from .feeds import iter_batches
 from .qmodel import QuantizedModel
+from .quantize import follow_activation
 from .session import create_session
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def _activation_tensor(
     consumers = _consumers(model)
     tensor = None
     if op_name in nodes and nodes[op_name].output:
-        tensor = nodes[op_name].output[0]
+        tensor = follow_activation(consumers, nodes[op_name].output[0])
     elif fp32_output in produced:
         tensor = fp32_output
     elif fp32_output and f"{fp32_output}_quantized" in produced:

@@ -133,8 +133,28 @@ def quantize(
 
 
 def node_outputs(model: onnx.ModelProto) -> dict[str, str]:
-    """fp32 node name -> first output tensor name."""
-    return {node.name: node.output[0] for node in model.graph.node if node.output}
+    """fp32 node name -> the tensor inspection reports for it (see :func:`follow_activation`)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return {
+        node.name: follow_activation(consumers, node.output[0])
+        for node in model.graph.node
+        if node.output
+    }
+
+
+def follow_activation(consumers: Mapping[str, list[onnx.NodeProto]], tensor: str) -> str:
+    """``tensor``, or the output of the Relu/Clip that is its only consumer.
+
+    ORT fuses such activations into the quantized op (QDQ drops the Relu and the op
+    outputs the activated value), so fp32 and quantized models are compared after it.
+    """
+    users = consumers.get(tensor, [])
+    if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and users[0].output:
+        return str(users[0].output[0])
+    return tensor
 
 
 def node_weights(model: onnx.ModelProto) -> dict[str, list[str]]:

@@ -1,0 +1,227 @@
+"""Model preparation, detection, data validation and bad-input errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lpq
+from lpq.metrics import TopK
+from lpq_onnxrt import model_io
+
+FW = "onnxrt"
+
+
+@pytest.fixture
+def pm() -> lpq.PluginManager:
+    return lpq.get_plugin_manager()
+
+
+def _unnamed_model(ir_version: int | None = 8, opset: int | None = 17) -> onnx.ModelProto:
+    """Conv -> Relu -> Conv with no node names (as some exporters write them)."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.3, (4, 2, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.3, (3, 4, 1, 1)).astype(np.float32), "w2")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a"], ["b"]),
+            helper.make_node("Conv", ["b", "w2"], ["y"]),
+        ],
+        "unnamed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [w1, w2],
+    )
+    if opset is None:
+        model = helper.make_model(graph)  # onnx's defaults: IR 14 / opset 28 on onnx 1.23
+    else:
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    if ir_version is not None:
+        model.ir_version = ir_version
+    return model
+
+
+def _loader(n: int = 16) -> lpq.ArrayLoader:
+    x = np.random.default_rng(1).normal(0, 1, (n, 2, 6, 6)).astype(np.float32)
+    return lpq.ArrayLoader(x, batch_size=8)
+
+
+def test_unnamed_nodes_get_stable_unique_names(pm):
+    cap1 = pm.query_capability(FW, _unnamed_model(), None, {})
+    cap2 = pm.query_capability(FW, _unnamed_model(), None, {})
+    names = [name for name, _ in cap1.opwise]
+    assert names == [name for name, _ in cap2.opwise] == ["Conv_0", "Conv_2"]
+    qmodel = pm.quantize(
+        FW,
+        _unnamed_model(),
+        lpq.TuneConfig(ops={k: cap1.default_op_config(k) for k in cap1.opwise}),
+        _loader(),
+    )
+    assert {"Conv_0", "Conv_2"} <= {n.name for n in qmodel.proto.graph.node}
+
+
+def test_duplicate_names_are_made_unique():
+    model = _unnamed_model()
+    for node in model.graph.node:
+        node.name = "same"
+    assert model_io.name_nodes(model) == 2
+    assert len({n.name for n in model.graph.node}) == 3
+
+
+def test_onnx_default_ir_and_opset_are_normalised(pm):
+    model = _unnamed_model(ir_version=None, opset=None)
+    assert model.ir_version > model_io.MAX_IR_VERSION  # what onnx 1.23 stamps
+    loader = lpq.ArrayLoader(np.ones((4, 2, 6, 6), np.float32), np.zeros(4, np.int64))
+    result = pm.evaluate(FW, model, loader, [TopK(1)])
+    assert result.samples == 4
+    cap = pm.query_capability(FW, model, None, {})
+    qmodel = pm.quantize(
+        FW,
+        model,
+        lpq.TuneConfig(ops={k: cap.default_op_config(k) for k in cap.opwise}),
+        _loader(),
+    )
+    assert qmodel.proto.ir_version <= model_io.MAX_IR_VERSION
+
+
+def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
+    from onnxruntime.tools import symbolic_shape_infer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("symbolic inference failed")
+
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "infer_shapes", broken)
+    inferred = model_io.infer_shapes(_unnamed_model())
+    assert "a" in {vi.name for vi in inferred.graph.value_info}
+
+
+def test_prepare_is_cached_per_content(monkeypatch):
+    calls = []
+    original = model_io.optimize
+    monkeypatch.setattr(model_io, "optimize", lambda m: calls.append(1) or original(m))
+    model = _unnamed_model()
+    model.producer_name = "cache-test"  # a content no other test prepared
+    first = model_io.prepare(model)
+    second = model_io.prepare(model)
+    assert first is second and len(calls) == 1
+
+
+def test_detects_protos_and_onnx_files(pm, tmp_path, lpq_sample_model):
+    assert pm.detect_framework(_unnamed_model()) == FW
+    assert pm.detect_framework(str(lpq_sample_model)) == FW
+    fake = tmp_path / "fake.onnx"
+    fake.write_text("hello")  # 'h' is not a protobuf field tag
+    with pytest.raises(lpq.NoAdaptorError):
+        pm.detect_framework(fake)
+
+
+def test_importing_the_plugin_does_not_import_onnxruntime():
+    code = (
+        "import sys, lpq; pm = lpq.get_plugin_manager(); pm.load(); "
+        "assert 'onnxrt' in pm.adaptors and 'digits' in pm.examples; "
+        "assert 'onnxruntime' not in sys.modules and 'onnx' not in sys.modules, "
+        "sorted(m for m in sys.modules if 'onnx' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x08\x07garbage-not-a-model", b"not onnx at all"])
+def test_corrupt_files_are_model_errors(pm, tmp_path, content):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    with pytest.raises(lpq.ModelError):
+        pm.query_capability(FW, bad, None, {})
+
+
+def test_missing_file_is_a_model_error(pm, tmp_path):
+    with pytest.raises(lpq.ModelError, match="does not exist"):
+        pm.query_capability(FW, tmp_path / "nope.onnx", None, {})
+
+
+def test_model_ort_cannot_load_is_a_model_error(pm):
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], name="n", domain="example.custom")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+    )
+    model.ir_version = 8
+    with pytest.raises(lpq.ModelError, match="ONNX Runtime cannot load"):
+        pm.query_capability(FW, model, None, {})
+
+
+def test_foreign_object_is_a_model_error(pm):
+    with pytest.raises(lpq.ModelError, match="cannot read"):
+        pm.query_capability(FW, {"not": "a model"}, None, {})
+
+
+@pytest.mark.parametrize(
+    ("inputs", "match"),
+    [
+        ({"wrong_name": np.zeros((2, 1, 8, 8), np.float32)}, "unknown input.*wrong_name"),
+        (np.zeros((2, 8, 8), np.float32), "shape .*expects float32\\[Nx1x8x8\\]"),
+        (np.zeros((2, 1, 8, 8), np.int64), "dtype int64"),
+        ((np.zeros((2, 1, 8, 8), np.float32), np.zeros((2, 1, 8, 8), np.float32)), "2 input array"),
+    ],
+)
+def test_misfit_data_names_the_input(pm, lpq_sample_model, inputs, match):
+    with pytest.raises(lpq.DataError, match=match) as info:
+        pm.evaluate(FW, lpq_sample_model, [(inputs, np.zeros(2, np.int64))], [TopK(1)])
+    assert "input" in str(info.value)
+
+
+def test_feeds_accept_dicts_lists_and_float64(pm, lpq_sample_model, digits):
+    x, y = digits["eval_x"][:20], digits["eval_y"][:20]
+    results = [
+        pm.evaluate(FW, lpq_sample_model, [(batch, y)], [TopK(1)]).accuracy
+        for batch in ({"input": x}, [x], x.astype(np.float64))
+    ]
+    assert results[0] == results[1] == results[2] > 0.8
+
+
+def test_empty_calibration_data_is_a_data_error(pm, lpq_sample_model):
+    cap = pm.query_capability(FW, lpq_sample_model, None, {})
+    cfg = lpq.TuneConfig(ops={k: cap.default_op_config(k) for k in cap.opwise})
+    with pytest.raises(lpq.DataError, match="no batches"):
+        pm.quantize(FW, lpq_sample_model, cfg, [])
+
+
+def test_fused_patterns_found_in_the_model(pm, lpq_sample_model):
+    patterns = pm.query_fused_patterns(FW, lpq_sample_model)
+    assert ("Conv", "Relu") in patterns
+    assert ("Gemm", "Relu") in patterns
+
+
+def test_capability_reports_modes_per_node(pm, mlp_model, lpq_sample_model):
+    cap = pm.query_capability(FW, mlp_model, None, {})
+    modes = {c.mode for c in cap.opwise[("mm1", "MatMul")]}
+    assert modes == {"static", "dynamic", "weight_only"}
+    default = cap.default_op_config(("mm1", "MatMul"))
+    assert (default.mode, default.activation.dtype, default.weight.dtype) == (
+        "static",
+        "uint8",
+        "int8",
+    )
+    assert default.weight.granularity == "per_channel"
+    digits_cap = pm.query_capability(FW, lpq_sample_model, None, {})
+    # Reshape/Relu/MaxPool follow their neighbours: not tuned separately.
+    assert {t for _, t in digits_cap.opwise} == {"Conv", "Gemm"}
+
+
+def test_example_files_are_small_and_consistent(digits):
+    total = sum(Path(digits[k]).stat().st_size for k in ("model", "calib", "eval"))
+    assert total < 1_000_000
+    assert digits["calib_x"].shape == (200, 1, 8, 8)
+    assert digits["eval_x"].shape == (400, 1, 8, 8) and digits["eval_y"].shape == (400,)
+    model = onnx.load(str(digits["model"]))
+    assert model.ir_version == 8 and model.opset_import[0].version == 17
