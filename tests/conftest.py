@@ -19,7 +19,6 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from lpq import discovery
 from lpq import manager as manager_module
@@ -166,10 +165,25 @@ def repo_plugins() -> list[RepoPlugin]:
     """Every plugin of ``plugins/*`` that has a ``pyproject.toml`` with an lpq entry point."""
     found = []
     for pyproject in sorted(REPO.glob("plugins/*/pyproject.toml")):
-        project = tomllib.loads(pyproject.read_text())["project"]
-        for name, value in project.get("entry-points", {}).get("lpq", {}).items():
-            found.append(RepoPlugin(project["name"], name, value, pyproject.parent))
+        dist, entry_points = _read_pyproject(pyproject.read_text())
+        for name, value in entry_points.items():
+            found.append(RepoPlugin(dist, name, value, pyproject.parent))
     return found
+
+
+def _read_pyproject(text: str) -> tuple[str, dict[str, str]]:
+    """The project name and the ``lpq`` entry points of a ``pyproject.toml`` (a tiny
+    reader for these two keys, since ``tomllib`` needs Python 3.11)."""
+    sections: dict[str, dict[str, str]] = {}
+    current = ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            current = line.strip("[]").strip()
+        elif "=" in line and current:
+            key, value = (part.strip() for part in line.split("=", 1))
+            sections.setdefault(current, {})[key.strip('"')] = value.strip('"')
+    return sections["project"]["name"], sections.get("project.entry-points.lpq", {})
 
 
 @pytest.fixture
