@@ -44,7 +44,9 @@ def compiled(model: torch.nn.Module) -> Callable[..., Any]:
     """``torch.compile(model)``, cached; call it inside :func:`inductor_freezing`."""
     found = _compiled.get(model)
     if found is None:
-        found = torch.compile(model)
+        # Static shapes: each batch size gets its own graph. With dynamic shapes, Inductor
+        # freezing's layout choices broke on a smaller last batch (stride assertion).
+        found = torch.compile(model, dynamic=False)
         _compiled[model] = found
     return found
 
