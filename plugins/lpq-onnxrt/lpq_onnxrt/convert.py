@@ -46,10 +46,10 @@ def convert_nodes(model: onnx.ModelProto, precisions: Mapping[str, str]) -> onnx
         )
     new_nodes: list[onnx.NodeProto] = []
     for node in work.graph.node:
-        precision = precisions.get(node.name)
-        if precision is None:
+        if node.name not in precisions:
             new_nodes.append(node)
             continue
+        precision = precisions[node.name]
         target = _ONNX_TYPE[precision]
         for index, name in enumerate(node.input):
             if name and types.get(name) == _FLOAT32:

@@ -137,21 +137,3 @@ def iter_batches(
     for item in take_samples(dataloader, max_samples):
         inputs, labels = split_batch(item)
         yield make_feed(specs, inputs), labels
-
-
-def calibration_feeds(
-    model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int
-) -> list[dict[str, np.ndarray]]:
-    """Validated feeds holding at most ``max_samples`` samples (the last batch is cut)."""
-    feeds: list[dict[str, np.ndarray]] = []
-    seen = 0
-    for feed, _ in iter_batches(model, dataloader, max_samples):
-        first = next(iter(feed.values()))
-        count = int(first.shape[0]) if first.ndim else 1
-        if max_samples and seen + count > max_samples and first.ndim:
-            keep = max_samples - seen
-            feed = {name: value[:keep] for name, value in feed.items()}
-            count = keep
-        feeds.append(feed)
-        seen += count
-    return feeds

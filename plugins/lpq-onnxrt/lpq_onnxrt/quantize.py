@@ -224,16 +224,15 @@ def _static_pass(
         act = owner.get(name, default_act)
         symmetric = act.scheme == "sym"
         try:
-            lo, hi = stats.compute_range(
-                name,
-                act.algorithm,
-                symmetric=symmetric,
-                **(
-                    {"percentile": float(act.options["percentile"])}
-                    if "percentile" in act.options
-                    else {}
-                ),
-            )
+            if "percentile" in act.options:
+                lo, hi = stats.compute_range(
+                    name,
+                    act.algorithm,
+                    symmetric=symmetric,
+                    percentile=float(act.options["percentile"]),
+                )
+            else:
+                lo, hi = stats.compute_range(name, act.algorithm, symmetric=symmetric)
         except KeyError:
             continue
         used[name] = (float(lo), float(hi))

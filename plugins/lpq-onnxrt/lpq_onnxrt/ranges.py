@@ -90,7 +90,7 @@ def _fingerprint(feed: dict[str, np.ndarray]) -> str:
 
 
 def _limited(
-    model: onnx.ModelProto, dataloader: Iterable[Any], max_samples: int
+    model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int
 ) -> Iterator[dict[str, np.ndarray]]:
     """Validated feeds, cut so that exactly ``max_samples`` samples (or all) are used."""
     seen = 0

@@ -225,3 +225,25 @@ def test_example_files_are_small_and_consistent(digits):
     assert digits["eval_x"].shape == (400, 1, 8, 8) and digits["eval_y"].shape == (400,)
     model = onnx.load(str(digits["model"]))
     assert model.ir_version == 8 and model.opset_import[0].version == 17
+
+
+def test_int64_shape_arithmetic_is_not_quantizable(pm):
+    """Shape -> Add(int64) -> Reshape: the Add is not a float op, only MatMul is offered."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    zero = numpy_helper.from_array(np.zeros(2, np.int64), "zero")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+            helper.make_node("Shape", ["m"], ["s"], name="shape"),
+            helper.make_node("Add", ["s", "zero"], ["s2"], name="shape_add"),
+            helper.make_node("Reshape", ["m", "s2"], ["y"], name="reshape"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [w, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cap = pm.query_capability(FW, model, None, {})
+    assert [name for name, _ in cap.opwise] == ["mm"]
