@@ -145,8 +145,7 @@ def discover() -> list[DiscoveredEntryPoint]:
         elif not core_satisfies(record.requires_core):
             record.status = PluginStatus.INCOMPATIBLE
             record.message = (
-                f"requires lpq-core{record.requires_core}, but lpq-core {CORE_VERSION} "
-                "is installed"
+                f"requires lpq-core{record.requires_core}, but lpq-core {CORE_VERSION} is installed"
             )
             record.hint = (
                 f"install a {record.distribution} release built for lpq-core {CORE_VERSION}, "

@@ -52,7 +52,9 @@ class AdaptorConformance:
         return get_plugin_manager()
 
     @pytest.fixture
-    def capability(self, pm: Any, lpq_sample_model: Any, lpq_sample_data: Any) -> FrameworkCapability:
+    def capability(
+        self, pm: Any, lpq_sample_model: Any, lpq_sample_data: Any
+    ) -> FrameworkCapability:
         cap: FrameworkCapability = pm.query_capability(
             self.framework, lpq_sample_model, lpq_sample_data, {}
         )
@@ -60,8 +62,9 @@ class AdaptorConformance:
 
     @staticmethod
     def default_tune_cfg(cap: FrameworkCapability) -> TuneConfig:
-        return TuneConfig(ops={key: cap.default_op_config(key) for key in cap.opwise},
-                          calib_sampling_size=16)
+        return TuneConfig(
+            ops={key: cap.default_op_config(key) for key in cap.opwise}, calib_sampling_size=16
+        )
 
     def _outputs(self, pm: Any, model: Any, data: Any) -> list[Any]:
         recorder = OutputRecorder()
@@ -103,8 +106,9 @@ class AdaptorConformance:
     def test_quantized_model_runs_and_scores(
         self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
     ) -> None:
-        qmodel = pm.quantize(self.framework, lpq_sample_model, self.default_tune_cfg(capability),
-                             lpq_sample_data)
+        qmodel = pm.quantize(
+            self.framework, lpq_sample_model, self.default_tune_cfg(capability), lpq_sample_data
+        )
         fp32 = pm.evaluate(self.framework, lpq_sample_model, lpq_sample_data, [TopK(1)])
         int8 = pm.evaluate(self.framework, qmodel, lpq_sample_data, [TopK(1)])
         assert 0.0 <= int8.accuracy <= 1.0
@@ -119,17 +123,20 @@ class AdaptorConformance:
         expected = self._outputs(pm, lpq_sample_model, lpq_sample_data)
         got = self._outputs(pm, model, lpq_sample_data)
         for a, b in zip(expected, got):
-            np.testing.assert_allclose(np.asarray(_first(b)), np.asarray(_first(a)),
-                                       rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(
+                np.asarray(_first(b)), np.asarray(_first(a)), rtol=1e-4, atol=1e-4
+            )
 
     def test_inspect_tensor_gives_per_op_arrays(
         self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
     ) -> None:
         names = [name for name, _ in capability.opwise]
-        qmodel = pm.quantize(self.framework, lpq_sample_model, self.default_tune_cfg(capability),
-                             lpq_sample_data)
-        fp32 = pm.inspect_tensor(self.framework, lpq_sample_model, lpq_sample_data, names,
-                                 "both", 1)
+        qmodel = pm.quantize(
+            self.framework, lpq_sample_model, self.default_tune_cfg(capability), lpq_sample_data
+        )
+        fp32 = pm.inspect_tensor(
+            self.framework, lpq_sample_model, lpq_sample_data, names, "both", 1
+        )
         int8 = pm.inspect_tensor(self.framework, qmodel, lpq_sample_data, names, "activation", 1)
         assert set(fp32.activations) == set(names) == set(int8.activations)
         for name in names:
@@ -138,18 +145,25 @@ class AdaptorConformance:
         assert fp32.weights, "weights of quantizable ops should be captured"
 
     def test_save_load_round_trip(
-        self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any,
-        lpq_sample_data: Any, tmp_path: Path
+        self,
+        pm: Any,
+        capability: FrameworkCapability,
+        lpq_sample_model: Any,
+        lpq_sample_data: Any,
+        tmp_path: Path,
     ) -> None:
-        qmodel = pm.quantize(self.framework, lpq_sample_model, self.default_tune_cfg(capability),
-                             lpq_sample_data)
+        qmodel = pm.quantize(
+            self.framework, lpq_sample_model, self.default_tune_cfg(capability), lpq_sample_data
+        )
         written = pm.save_model(self.framework, qmodel, tmp_path / "saved")
         assert Path(written).exists()
         loaded = pm.load_model(self.framework, written)
-        for a, b in zip(self._outputs(pm, qmodel, lpq_sample_data),
-                        self._outputs(pm, loaded, lpq_sample_data)):
-            np.testing.assert_allclose(np.asarray(_first(b)), np.asarray(_first(a)),
-                                       rtol=1e-5, atol=1e-5)
+        for a, b in zip(
+            self._outputs(pm, qmodel, lpq_sample_data), self._outputs(pm, loaded, lpq_sample_data)
+        ):
+            np.testing.assert_allclose(
+                np.asarray(_first(b)), np.asarray(_first(a)), rtol=1e-5, atol=1e-5
+            )
 
     def test_empty_data_is_a_clear_error(self, pm: Any, lpq_sample_model: Any) -> None:
         with pytest.raises(DataError):
@@ -161,8 +175,9 @@ class AdaptorConformance:
         with pytest.raises(DataError):
             pm.evaluate(self.framework, lpq_sample_model, lpq_misfit_data, [TopK(1)])
         with pytest.raises(DataError):
-            pm.quantize(self.framework, lpq_sample_model, self.default_tune_cfg(capability),
-                        lpq_misfit_data)
+            pm.quantize(
+                self.framework, lpq_sample_model, self.default_tune_cfg(capability), lpq_misfit_data
+            )
 
     def test_loading_a_missing_file_is_a_clear_error(self, pm: Any, tmp_path: Path) -> None:
         with pytest.raises(LpqError):
