@@ -218,6 +218,11 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (acme / "lpq_acme" / "plugin.py").write_text(ACME_PLUGIN)
     (acme / "lpq_acme" / "acme.yaml").write_text(ACME_CAPABILITY)
 
+    setuptools = tuple(int(p) for p in metadata.version("setuptools").split(".")[:2])
+    assert setuptools >= (70, 1), (
+        "building wheels offline needs setuptools>=70.1 (builds wheels without the 'wheel' "
+        "package) in the test environment; scripts/setup.sh gets it with torch"
+    )
     wheels = root / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     run(
