@@ -113,6 +113,7 @@ class PluginManager:
             try:
                 self._pm.register(plugin, name=name)
                 self._pm.check_pending()
+                self._check_framework_parameter(plugin)
             except Exception as exc:
                 if self._pm.is_registered(plugin):
                     self._pm.unregister(plugin)
@@ -151,6 +152,19 @@ class PluginManager:
                 if owner == name and kind == "adaptor"
                 for info in [self.adaptors[key]]
             ]
+
+    def _check_framework_parameter(self, plugin: object) -> None:
+        """Per-framework hooks must take ``framework``: an implementation without it cannot
+        decline other frameworks and, dispatched first-result, would answer for all."""
+        for caller in self._pm.get_hookcallers(plugin) or []:
+            if caller.spec is None or "framework" not in caller.spec.argnames:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and "framework" not in impl.argnames:
+                    raise PluginError(
+                        f"{caller.name} must take the 'framework' parameter and return None "
+                        "for frameworks that are not its own"
+                    )
 
     def unregister(self, name: str) -> None:
         with self._lock:

@@ -233,3 +233,33 @@ def test_registration_hook_raising_is_listed_as_error(fake_site: FakeSite, monke
     assert "LPQ_DISABLE_PLUGINS=halfway" in record.hint
     assert found["toy"].status is PluginStatus.OK
     assert lpq.get_plugin_manager()._pm.get_plugin("halfway") is None
+
+
+NO_FRAMEWORK_PARAMETER = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_quantize(model, tune_cfg):
+    return "hijacked every framework"
+"""
+
+
+def test_per_framework_hook_without_framework_parameter_is_rejected(
+    fake_site: FakeSite, monkeypatch
+):
+    fake_site.add("lpq-greedy", "greedy", NO_FRAMEWORK_PARAMETER)
+    record = records(monkeypatch, "greedy")["greedy"]
+    assert record.status is PluginStatus.ERROR
+    assert "lpq_quantize must take the 'framework' parameter" in record.message
+    assert lpq.get_plugin_manager()._pm.get_plugin("greedy") is None
+
+
+def test_hooks_may_take_a_subset_of_parameters(fake_site: FakeSite, monkeypatch):
+    source = GOOD_PLUGIN.format(framework="toyfw") + (
+        "\n\n@lpq.hookimpl\ndef lpq_load_model(framework):\n"
+        "    return 'loaded' if framework == 'toyfw' else None\n"
+    )
+    fake_site.add("lpq-toy", "toy", source)
+    assert records(monkeypatch, "toy")["toy"].status is PluginStatus.OK
+    assert lpq.get_plugin_manager().load_model("toyfw", "any/path") == "loaded"
