@@ -320,3 +320,35 @@ def topological_sort(model: onnx.ModelProto) -> None:
         return
     del model.graph.node[:]
     model.graph.node.extend(nodes[index] for index in order)
+
+
+def flatten_gemm_biases(model: onnx.ModelProto) -> None:
+    """Rewrite constant Gemm biases of shape (1, N) as (N,), in place.
+
+    Both broadcast identically, but ORT's QDQ quantizer fails on 2-D biases of
+    per-channel Gemm weights (seen in models converted from JAX/TF).
+    """
+    from onnx import numpy_helper
+
+    inits = {init.name: init for init in model.graph.initializer}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in inits:
+            continue
+        bias = inits[node.input[2]]
+        if len(bias.dims) != 2 or bias.dims[0] != 1:
+            continue
+        flat = numpy_helper.from_array(
+            numpy_helper.to_array(bias).reshape(-1), f"{bias.name}__lpq_1d"
+        )
+        if users.get(bias.name, 0) == 1:
+            flat.name = bias.name
+            bias.CopyFrom(flat)
+        else:
+            if flat.name not in inits:
+                model.graph.initializer.append(flat)
+                inits[flat.name] = flat
+            node.input[2] = flat.name

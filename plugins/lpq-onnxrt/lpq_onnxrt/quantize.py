@@ -185,6 +185,7 @@ def _static_pass(
 
     if any(_per_channel(cfg) for cfg in ops.values()):
         model = model_io.upgrade_opset(model, 13)  # DequantizeLinear's axis needs opset 13
+    model_io.flatten_gemm_biases(model)
     configured = {name for name, _ in tune_cfg.ops}
     helpers = [
         node.name

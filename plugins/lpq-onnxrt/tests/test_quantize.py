@@ -280,3 +280,48 @@ def test_static_without_data_is_a_data_error(pm, lpq_sample_model):
     cap = pm.query_capability(FW, lpq_sample_model, None, {})
     with pytest.raises(lpq.DataError, match="calibration data"):
         pm.quantize(FW, lpq_sample_model, _cfg(cap), None)
+
+
+def test_gemm_with_2d_bias_quantizes_per_channel(pm):
+    """Models converted from JAX/TF carry Gemm biases of shape (1, N); ORT's QDQ
+    quantizer crashes on them with per-channel weights unless they are flattened."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (16, 8)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, (1, 8)).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="gemm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (64, 16)).astype(np.float32)
+    loader = lpq.ArrayLoader(x, batch_size=16)
+    cap = pm.query_capability(FW, model, loader, {})
+    qmodel = pm.quantize(FW, model, _cfg(cap), loader)
+    assert _inits(qmodel)["w_scale"].shape == (8,)
+    ref = x @ numpy_helper.to_array(w) + numpy_helper.to_array(b)
+    got = []
+    pm.evaluate(FW, qmodel, [(x, ref)], [_Collect(got)])
+    assert np.abs(got[0] - ref).max() < 0.05 * np.abs(ref).max()
+
+
+class _Collect:
+    name = "collect"
+    higher_is_better = True
+
+    def __init__(self, into: list[Any]) -> None:
+        self.into = into
+
+    def reset(self) -> None:
+        self.into.clear()
+
+    def update(self, preds: Any, labels: Any) -> None:
+        self.into.append(preds)
+
+    def result(self) -> float:
+        return 0.0
