@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from core_testutil import REPO
 
 import lpq
 

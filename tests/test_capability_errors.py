@@ -9,29 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from core_testutil import VALID
 
 import lpq
-
-VALID = """\
-- version:
-    name: '1.30'
-  precisions: [int8, uint8, fp32]
-  ops:
-    int8: [Conv, MatMul]
-    fp32: ['*']
-  capabilities:
-    int8:
-      static:
-        Conv:
-          weight:
-            dtype: [int8]
-            scheme: [sym]
-            granularity: [per_channel, per_tensor]
-          activation:
-            dtype: [uint8]
-            scheme: [asym]
-            algorithm: [minmax, kl]
-"""
 
 INT4_BLOCK = """\
     int4:

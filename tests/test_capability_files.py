@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, FakeSite
-from test_capability_errors import VALID
+from core_testutil import REPO, VALID, FakeSite
 
 import lpq
 

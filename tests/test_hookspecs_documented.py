@@ -13,7 +13,7 @@ import inspect
 import re
 
 import pytest
-from conftest import REPO
+from core_testutil import REPO
 
 from lpq import hookspecs
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FakeSite, repo_plugins
+from core_testutil import FakeSite, repo_plugins
 
 FRAMEWORKS = ("torch", "torchao", "tensorflow", "keras", "onnxruntime", "onnx", "mxnet", "jax")
 

@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from core_testutil import REPO
 
 ACME_PYPROJECT = """\
 [build-system]

@@ -1,11 +1,14 @@
 """lpq's test kit for plugin authors: the ``lpq_plugin`` fixture and its isolation.
 
-The kit is exercised the way a plugin author uses it: an inner pytest session (pytester)
-with lpq's pytest plugin auto-loaded from its ``pytest11`` entry point.
+The kit is exercised the way a plugin author uses it: an inner pytest session in a
+subprocess, with lpq's pytest plugin auto-loaded from its ``pytest11`` entry point.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,16 +60,29 @@ def test_c_registers_it_again(lpq_plugin):
 """
 
 
-def test_lpq_plugin_registers_for_one_test_only(pytester: pytest.Pytester):
-    pytester.makepyfile(test_kit=INNER_TESTS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
-    result.assert_outcomes(passed=3)
+def run_inner_session(folder: Path, source: str) -> tuple[dict[str, int], str]:
+    """Run ``source`` as a test file in a fresh pytest process; outcome counts + output."""
+    (folder / "test_kit.py").write_text(source)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_kit.py"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    summary = result.stdout.strip().splitlines()[-1]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error)", summary)}
+    return counts, result.stdout
 
 
-def test_inner_session_catches_a_leak(pytester: pytest.Pytester, lpq_plugin_manager):
+def test_lpq_plugin_registers_for_one_test_only(tmp_path: Path):
+    counts, output = run_inner_session(tmp_path, INNER_TESTS)
+    assert counts == {"passed": 3}, output
+
+
+def test_inner_session_catches_a_leak(tmp_path: Path):
     """Control: registering on the process-wide manager (no fixture) does leak, and the
-    inner test_b above notices it, so its passing is meaningful. (``lpq_plugin_manager``
-    keeps the leak inside this test.)"""
+    inner test_b above notices it, so its passing is meaningful."""
     leaky = INNER_TESTS.replace(
         "def test_a_registers_the_plugin(lpq_plugin):\n"
         '    pm = lpq_plugin(ToyPlugin(), name="toy")\n    assert pm is lpq.get_plugin_manager()',
@@ -74,10 +90,9 @@ def test_inner_session_catches_a_leak(pytester: pytest.Pytester, lpq_plugin_mana
         '    pm.load()\n    pm.register(ToyPlugin(), name="toy")',
     )
     assert leaky != INNER_TESTS
-    pytester.makepyfile(test_kit=leaky)
-    result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*test_b_does_not_see_it*"])
+    counts, output = run_inner_session(tmp_path, leaky)
+    assert counts == {"passed": 2, "failed": 1}, output
+    assert "FAILED test_kit.py::test_b_does_not_see_it" in output
 
 
 def test_fixture_restores_the_previous_manager(lpq_plugin_manager):

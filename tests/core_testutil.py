@@ -1,0 +1,162 @@
+"""Helpers shared by lpq-core's tests (fixtures live in ``conftest.py``).
+
+Most plugin tests need *installed distributions*, not just plugin objects, because
+discovery reads entry-point metadata. :class:`FakeSite` builds them cheaply and for real:
+a ``<name>.dist-info`` folder (``METADATA`` + ``entry_points.txt``) and a module in a
+temporary directory, which ``importlib.metadata`` discovers exactly like a pip install
+once the directory is on ``sys.path`` (in-process) or ``PYTHONPATH`` (subprocess).
+
+A module with a unique name rather than ``conftest``: the plugins' test folders have
+their own ``conftest.py``, and pytest runs them all in one session.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Module source of a well-behaved plugin; ``{framework}`` is substituted.
+GOOD_PLUGIN = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_register_adaptors(register):
+    register(lpq.AdaptorInfo("{framework}", "{framework}-runtime", []))
+
+
+@lpq.hookimpl
+def lpq_detect_framework(model):
+    return "{framework}" if model == "{framework}-model" else None
+"""
+
+RAISING_PLUGIN = 'raise RuntimeError("toy plugin exploded while importing")\n'
+
+#: ``colour`` is not a parameter of the ``lpq_register_adaptors`` spec.
+WRONG_SIGNATURE_PLUGIN = """\
+import lpq
+
+
+@lpq.hookimpl
+def lpq_register_adaptors(register, colour):
+    raise AssertionError("never called: registration must fail validation first")
+"""
+
+
+@dataclass
+class FakeSite:
+    """A directory of fake installed distributions."""
+
+    path: Path
+    modules: list[str] = field(default_factory=list)
+    #: Further ``PYTHONPATH`` entries for subprocesses (plugin source folders).
+    extra_paths: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        dist: str,
+        plugin: str,
+        source: str,
+        *,
+        module: str | None = None,
+        requires_core: str | None = ">=0.1",
+        version: str = "1.0",
+    ) -> str:
+        """Install distribution ``dist`` whose entry point ``plugin`` is a module with
+        ``source``; returns the module name."""
+        module = module or f"{dist.replace('-', '_')}_plugin"
+        (self.path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.path / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        metadata = [
+            "Metadata-Version: 2.1",
+            f"Name: {dist}",
+            f"Version: {version}",
+        ]
+        if requires_core is not None:
+            metadata.append(f"Requires-Dist: lpq-core{requires_core}")
+        metadata.append("Requires-Dist: pytest; extra == 'test'")
+        (info / "METADATA").write_text("\n".join(metadata) + "\n")
+        (info / "entry_points.txt").write_text(f"[lpq]\n{plugin} = {module}\n")
+        self.modules.append(module)
+        return module
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a subprocess that sees these distributions."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LPQ_")}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.path), *self.extra_paths, env.get("PYTHONPATH", "")) if p
+        )
+        env.update(extra)
+        return env
+
+
+@dataclass(frozen=True)
+class RepoPlugin:
+    """A plugin distribution of this repo, read from its ``pyproject.toml``."""
+
+    distribution: str
+    name: str
+    entry_point: str
+    folder: Path
+
+    @property
+    def installed(self) -> bool:
+        try:
+            dist = metadata.distribution(self.distribution)
+        except metadata.PackageNotFoundError:
+            return False
+        return any(ep.group == "lpq" and ep.name == self.name for ep in dist.entry_points)
+
+
+def repo_plugins() -> list[RepoPlugin]:
+    """Every plugin of ``plugins/*`` that has a ``pyproject.toml`` with an lpq entry point."""
+    found = []
+    for pyproject in sorted(REPO.glob("plugins/*/pyproject.toml")):
+        dist, entry_points = _read_pyproject(pyproject.read_text())
+        for name, value in entry_points.items():
+            found.append(RepoPlugin(dist, name, value, pyproject.parent))
+    return found
+
+
+def _read_pyproject(text: str) -> tuple[str, dict[str, str]]:
+    """The project name and the ``lpq`` entry points of a ``pyproject.toml`` (a tiny
+    reader for these two keys, since ``tomllib`` needs Python 3.11)."""
+    sections: dict[str, dict[str, str]] = {}
+    current = ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            current = line.strip("[]").strip()
+        elif "=" in line and current:
+            key, value = (part.strip() for part in line.split("=", 1))
+            sections.setdefault(current, {})[key.strip('"')] = value.strip('"')
+    return sections["project"]["name"], sections.get("project.entry-points.lpq", {})
+
+
+#: A valid one-block capability file that tests edit line by line.
+VALID = """\
+- version:
+    name: '1.30'
+  precisions: [int8, uint8, fp32]
+  ops:
+    int8: [Conv, MatMul]
+    fp32: ['*']
+  capabilities:
+    int8:
+      static:
+        Conv:
+          weight:
+            dtype: [int8]
+            scheme: [sym]
+            granularity: [per_channel, per_tensor]
+          activation:
+            dtype: [uint8]
+            scheme: [asym]
+            algorithm: [minmax, kl]
+"""
