@@ -253,6 +253,35 @@ class _RunContext(TuningContext):
         return errors
 
 
+def _tuning_space(
+    pm: PluginManager, conf: PostTrainingQuantConfig, framework: str, model: Any, calib: Any
+) -> TuningSpace:
+    """Query the adaptor's capability, apply the backend profile, build the space.
+
+    A backend profile's options go into every tune_cfg; its capability file, if any,
+    replaces the adaptor's YAML for the ops the adaptor reported.
+    """
+    options: dict[str, Any] = {}
+    profile = None
+    if conf.backend:
+        profile = pm.backend_profile(conf.backend)
+        if profile.framework != framework:
+            raise ConfigError(
+                f"backend profile {conf.backend!r} is for {profile.framework}, "
+                f"but the model is a {framework} model"
+            )
+        options.update(profile.options)
+    capability = pm.query_capability(framework, model, calib, options)
+    if profile is not None and profile.capability_file is not None:
+        from .capability_loader import load_capability
+
+        spec = load_capability(profile.capability_file, framework, capability.framework_version)
+        capability = spec.build(list(capability.opwise), capability.framework_version)
+    return build_tuning_space(
+        capability, conf, has_calib_data=calib is not None, extra_options=options
+    )
+
+
 def _require_reiterable(name: str, loader: Any) -> None:
     if loader is not None and iter(loader) is loader:
         raise ConfigError(
@@ -314,15 +343,6 @@ def fit(
             "configuration without tuning)",
         )
     framework = conf.framework or pm.detect_framework(model)
-    options: dict[str, Any] = {}
-    if conf.backend:
-        profile = pm.backend_profile(conf.backend)
-        if profile.framework != framework:
-            raise ConfigError(
-                f"backend profile {conf.backend!r} is for {profile.framework}, "
-                f"but the model is a {framework} model"
-            )
-        options.update(profile.options)
 
     # Evaluation: labels from the data, or the fp32 model's outputs as reference.
     metric: Metric | None = None
@@ -353,10 +373,7 @@ def fit(
         measure_footprint=conf.tuning_criterion.objective == "footprint",
     )
 
-    capability = pm.query_capability(framework, model, calib, options)
-    space = build_tuning_space(
-        capability, conf, has_calib_data=calib is not None, extra_options=options
-    )
+    space = _tuning_space(pm, conf, framework, model, calib)
     if not space.tunable_ops and not space.forced:
         raise TuningError(
             f"the {framework} adaptor found nothing to quantize in this model",
@@ -382,7 +399,7 @@ def fit(
     key_source = json.dumps(
         {
             "framework": framework,
-            "model": model_fingerprint(model, capability.opwise),
+            "model": model_fingerprint(model, space.ops),
             "config": conf.to_json(),
             "calib": data_fingerprint(calib),
             "eval": data_fingerprint(evaluation_data) if eval_func is None else "eval_func",
@@ -487,14 +504,7 @@ def quantize(
     pm = get_plugin_manager()
     calib = as_dataloader(calib_dataloader)
     framework = conf.framework or pm.detect_framework(model)
-    options: dict[str, Any] = {}
-    if conf.backend:
-        options.update(pm.backend_profile(conf.backend).options)
     if tune_cfg is None:
-        capability = pm.query_capability(framework, model, calib, options)
-        space = build_tuning_space(
-            capability, conf, has_calib_data=calib is not None, extra_options=options
-        )
-        tune_cfg = space.default()
+        tune_cfg = _tuning_space(pm, conf, framework, model, calib).default()
     result = pm.quantize(framework, model, tune_cfg, calib)
     return QuantizedModel(model=result, framework=framework, tune_cfg=tune_cfg)

@@ -253,3 +253,37 @@ def test_generator_dataloader_is_rejected_with_a_hint(fake, tmp_path):
 def test_objective_modelsize_measures_saved_size(fake, tmp_path):
     result = run(concentrated_model(), conf("auto", objective="modelsize"), tmp_path)
     assert result.best.size_bytes and result.best.size_bytes > 0
+
+
+def test_backend_profile_options_and_capability_file_apply(lpq_plugin, tmp_path):
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text(
+        "- version: {name: default}\n"
+        "  precisions: [int8, fp32]\n"
+        "  ops: {int8: [Conv], fp32: ['*']}\n"
+        "  capabilities:\n"
+        "    int8:\n"
+        "      static:\n"
+        "        Conv:\n"
+        "          weight: {dtype: [int8], granularity: [per_tensor]}\n"
+        "          activation: {dtype: [uint8], scheme: [asym]}\n"
+    )
+
+    class Profiles:
+        @lpq.hookimpl
+        def lpq_register_backend_profiles(self, register):
+            register(
+                lpq.BackendProfile(
+                    "fake-narrow", "fake", options={"threads": 1}, capability_file=narrow
+                )
+            )
+
+    lpq_plugin(FakeAdaptorPlugin(tmp_path), name="fake")
+    lpq_plugin(Profiles(), name="profiles")
+    result = quantize(concentrated_model(), PostTrainingQuantConfig(backend="fake-narrow"), CALIB)
+    assert result.tune_cfg.options["threads"] == 1
+    conv = [c for (_, t), c in result.tune_cfg.ops.items() if t == "Conv"]
+    assert conv and all(c.weight.granularity == "per_tensor" for c in conv)
+    assert not any(c.quantized for (_, t), c in result.tune_cfg.ops.items() if t == "MatMul")
+    with pytest.raises(lpq.ConfigError, match="unknown backend profile"):
+        quantize(concentrated_model(), PostTrainingQuantConfig(backend="nope"), CALIB)
