@@ -8,7 +8,9 @@ is just another iterable of such items.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,10 +123,15 @@ def describe(args: CallArgs) -> str:
 
 
 def require_module(model: Any) -> torch.nn.Module:
+    """``model`` itself, or the model in a ``.pt2`` file (``torch.export.save`` format)."""
+    if isinstance(model, str | os.PathLike) and str(model).endswith(".pt2"):
+        from .serialize import load
+
+        return load(Path(model))
     if not isinstance(model, torch.nn.Module):
         raise ModelError(
             f"the PyTorch adaptor needs a torch.nn.Module, got {type(model).__qualname__}",
-            hint="pass the nn.Module itself (or load a saved .pt2 file with lpq's load_model)",
+            hint="pass the nn.Module itself, or a .pt2 file written by torch.export.save",
         )
     return model
 

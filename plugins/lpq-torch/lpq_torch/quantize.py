@@ -89,6 +89,7 @@ def quantize(
         move_exported_model_to_eval(prepared)
         result = convert_pt2e(prepared)
         move_exported_model_to_eval(result)
+        drop_unused_tensors(result)
     else:
         result = gm
         if qat:
@@ -100,6 +101,27 @@ def quantize(
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     return result
+
+
+def drop_unused_tensors(gm: torch.fx.GraphModule) -> None:
+    """Delete parameters/buffers no node reads (fp32 weights replaced by folded int8 ones).
+
+    Without this the quantized module, and any file saved from it, still carries every
+    original fp32 weight.
+    """
+    used = {str(node.target) for node in gm.graph.nodes if node.op == "get_attr"}
+    named = [
+        *gm.named_parameters(remove_duplicate=False),
+        *gm.named_buffers(remove_duplicate=False),
+    ]
+    for name, _ in named:
+        if name in used:
+            continue
+        owner_path, _, leaf = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        if hasattr(owner, leaf):
+            delattr(owner, leaf)
+    gm.delete_all_unused_submodules()
 
 
 def _check_ops(tune_cfg: TuneConfig, present: set[tuple[str, str]]) -> None:

@@ -130,7 +130,7 @@ def test_saved_file_is_detected_and_reloads_without_recalibration(
     qmodel = pm.quantize("torch", digits_mlp, cfg, calib_loader())
     path = pm.save_model("torch", qmodel, tmp_path / "mlp")
     assert path.suffix == ".pt2" and pm.detect_framework(path) == "torch"
-    assert not list(tmp_path.glob(".*.tmp")), "no temporary files left behind"
+    assert not list(tmp_path.glob(".*.tmp*")), "no temporary files left behind"
     loaded = pm.load_model("torch", path)
     assert loaded._lpq_tune_cfg == cfg.to_json()
     assert {k for k, _ in cap.opwise} <= set(
@@ -141,3 +141,59 @@ def test_saved_file_is_detected_and_reloads_without_recalibration(
     (tmp_path / "junk.pt2").write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(lpq.ModelError):
         pm.load_model("torch", tmp_path / "junk.pt2")
+
+
+class _Touch:
+    """Unpickling this creates a file: stands in for code a malicious archive would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def _rewrite(src: Path, dst: Path, change: dict[str, bytes]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            for suffix, new in change.items():
+                if info.filename.endswith(suffix):
+                    data = new
+            zout.writestr(info, data)
+
+
+def test_loading_never_runs_pickled_code(digits_mlp: torch.nn.Module, tmp_path: Path) -> None:
+    import io
+    import json
+    import zipfile
+
+    pm = lpq.get_plugin_manager()
+    cap = pm.query_capability("torch", digits_mlp, calib_loader())
+    qmodel = pm.quantize(
+        "torch",
+        digits_mlp,
+        lpq.TuneConfig({k: cap.default_op_config(k) for k in cap.opwise}),
+        calib_loader(),
+    )
+    good = pm.save_model("torch", qmodel, tmp_path / "good.pt2")
+    marker = tmp_path / "pwned"
+    payload = io.BytesIO()
+    torch.save({"x": _Touch(marker)}, payload)  # torch.export.load would fall back to
+    evil_inputs = tmp_path / "evil-inputs.pt2"  # weights_only=False on this
+    _rewrite(good, evil_inputs, {"data/sample_inputs/model.pt": payload.getvalue()})
+    with pytest.raises(lpq.ModelError, match="refusing"):
+        pm.load_model("torch", evil_inputs)
+    assert not marker.exists()
+
+    with zipfile.ZipFile(good) as z:
+        name = next(n for n in z.namelist() if n.endswith("model_weights_config.json"))
+        config = json.loads(z.read(name))
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    evil_weights = tmp_path / "evil-weights.pt2"
+    _rewrite(good, evil_weights, {"model_weights_config.json": json.dumps(config).encode()})
+    with pytest.raises(lpq.ModelError, match="stored pickled"):
+        pm.load_model("torch", evil_weights)
