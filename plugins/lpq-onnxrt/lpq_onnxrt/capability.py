@@ -26,6 +26,10 @@ _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
 _WEIGHT_MODES = {"dynamic", "weight_only"}
 # Op types that are compute ops: quantizable even when shape inference gave no types.
 _COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+# Elementwise ops left out when an operand is a constant (a bias Add, a scaling Mul):
+# quantized alone they add error for no measurable speed (bench: MatMul stack), and a
+# user who excludes a layer expects its bias to stay with it.
+_ELEMENTWISE = {"Add", "Mul"}
 
 
 def capability_files() -> list[Path]:
@@ -77,10 +81,14 @@ def build_capability(
 ) -> lpq.FrameworkCapability:
     spec = load_spec(options)
     types = tensor_types(model)
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     ops = [
         (node.name, node.op_type)
         for node in model.graph.node
-        if spec.for_op_type(node.op_type) and _is_float_op(node, types)
+        if spec.for_op_type(node.op_type)
+        and _is_float_op(node, types)
+        and not (node.op_type in _ELEMENTWISE and any(i in constants for i in node.input))
     ]
     capability = spec.build(ops, lpq.installed_version(DISTRIBUTION))
     by_name = {node.name: node for node in model.graph.node}

@@ -36,6 +36,8 @@ MAX_OPSET = 21
 PROTO_LIMIT = 2_000_000_000
 
 _CACHE_SIZE = 4
+#: ORT graph optimizers not applied when preparing a model (see :func:`optimize`).
+_KEEP_AS_IS = ["MatMulAddFusion"]
 _cache: OrderedDict[str, PreparedModel] = OrderedDict()
 _lock = threading.Lock()
 
@@ -222,17 +224,21 @@ def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
             options.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name", "optimized.data"
             )
+        # MatMul+Add -> Gemm would hide the user's MatMuls (and their names) and lose
+        # their dynamic / weight-only options: ORT has neither for Gemm.
+        kwargs: dict[str, Any] = {
+            "providers": ["CPUExecutionProvider"],
+            "disabled_optimizers": _KEEP_AS_IS,
+        }
         try:
             if large:
                 source = Path(tmp) / "input.onnx"
                 onnx.save_model(
                     model, str(source), save_as_external_data=True, location="input.data"
                 )
-                ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+                ort.InferenceSession(str(source), options, **kwargs)
             else:
-                ort.InferenceSession(
-                    model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-                )
+                ort.InferenceSession(model.SerializeToString(), options, **kwargs)
         except Exception as exc:
             raise ModelError(
                 f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",

@@ -214,8 +214,14 @@ def test_capability_reports_modes_per_node(pm, mlp_model, lpq_sample_model):
     )
     assert default.weight.granularity == "per_channel"
     digits_cap = pm.query_capability(FW, lpq_sample_model, None, {})
-    # Reshape/Relu/MaxPool follow their neighbours: not tuned separately.
-    assert {t for _, t in digits_cap.opwise} == {"Conv", "Gemm"}
+    # Reshape/Relu/MaxPool follow their neighbours and the bias Add (a constant operand)
+    # stays with fp32: none is tuned separately. MatMul+Add is not fused into a Gemm.
+    assert list(digits_cap.opwise) == [
+        ("conv1", "Conv"),
+        ("conv2", "Conv"),
+        ("fc1", "Gemm"),
+        ("fc2_matmul", "MatMul"),
+    ]
 
 
 def test_example_files_are_small_and_consistent(digits):
