@@ -325,3 +325,37 @@ class _Collect:
 
     def result(self) -> float:
         return 0.0
+
+
+def test_dynamic_gather_and_conv(pm):
+    """Embedding lookup and a 1-D conv quantized dynamically (no calibration data)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    emb = numpy_helper.from_array(rng.normal(0, 1, (50, 16)).astype(np.float32), "emb")
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (4, 16, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["emb", "ids"], ["e"], name="gather"),
+            helper.make_node("Transpose", ["e"], ["et"], name="tr", perm=[0, 2, 1]),
+            helper.make_node("Conv", ["et", "w"], ["y"], name="conv", pads=[1, 1]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 10])],
+        [emb, w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cap = pm.query_capability(FW, model, None, {})
+    assert set(cap.opwise) == {("gather", "Gather"), ("conv", "Conv")}
+    qmodel = pm.quantize(FW, model, _cfg(cap, "dynamic"), None)
+    ops = _ops(qmodel)
+    assert ops["ConvInteger"] == 1 and ops["Conv"] == 0
+    assert _inits(qmodel)["emb_quantized"].dtype in (np.int8, np.uint8)
+    ids = rng.integers(0, 50, (8, 10))
+    ref: list[Any] = []
+    got: list[Any] = []
+    pm.evaluate(FW, model, [{"ids": ids}], [_Collect(ref)])
+    pm.evaluate(FW, qmodel, [{"ids": ids}], [_Collect(got)])
+    assert np.abs(got[0] - ref[0]).max() < 0.05 * np.abs(ref[0]).max()
