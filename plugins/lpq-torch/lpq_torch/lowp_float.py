@@ -8,7 +8,7 @@ low-precision dtype and its output cast back to fp32, so neighbours are unaffect
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,9 +46,18 @@ def cast_nodes(gm: torch.fx.GraphModule, op_names: Sequence[str], dtype: str) ->
         node.args = new_args
         with g.inserting_after(node):
             back = g.call_function(cast, (node,), {"dtype": torch.float32})
-        node.replace_all_uses_with(back, delete_user_cb=lambda user, b=back: user is not b)
+        node.replace_all_uses_with(back, delete_user_cb=_not(back))
     g.lint()
     gm.recompile()
+
+
+def _not(node: torch.fx.Node) -> Callable[[torch.fx.Node], bool]:
+    """A ``delete_user_cb`` that rewires every user except the new cast node itself."""
+
+    def keep(user: torch.fx.Node) -> bool:
+        return user is not node
+
+    return keep
 
 
 def convert(model: Any, op_names: Sequence[str], dtype: str) -> torch.fx.GraphModule:

@@ -63,7 +63,6 @@ class PercentileObserver(HistogramObserver):
         super().__init__(**kwargs)
         self.percentile = percentile
 
-    @torch.jit.ignore  # type: ignore[misc]
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.min_val.numel() == 0 or float(self.min_val) == float("inf"):
             return super().calculate_qparams()

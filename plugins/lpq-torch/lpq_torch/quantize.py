@@ -51,9 +51,9 @@ def remember_example(model: torch.nn.Module, args: CallArgs) -> None:
 
 
 def example_for(model: torch.nn.Module) -> CallArgs | None:
-    found = getattr(model, EXAMPLE_ATTR, None)
+    found: CallArgs | None = getattr(model, EXAMPLE_ATTR, None)
     if found is not None:
-        return found  # type: ignore[no-any-return]
+        return found
     return _examples.get(model)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_testmodels import DigitsConvNet, calib_loader, digits, eval_loader, train
+from torch_testmodels import calib_loader, digits, eval_loader
 
 import lpq
 from lpq.metrics import TopK
@@ -68,9 +68,10 @@ def test_calibration_uses_at_most_calib_sampling_size(digits_convnet: torch.nn.M
     assert loader.batches == 1 + 3
 
 
-def test_qat_int8_with_batch_norm_folds_and_keeps_accuracy() -> None:
-    torch.manual_seed(0)
-    model = train(DigitsConvNet(), epochs=3)
+def test_qat_int8_with_batch_norm_folds_and_keeps_accuracy(
+    digits_convnet: torch.nn.Module,
+) -> None:
+    model = digits_convnet  # QAT trains a deep copy; the fixture stays untouched
     pm = lpq.get_plugin_manager()
     cap = pm.query_capability("torch", model, calib_loader())
 
