@@ -18,9 +18,9 @@ import numpy as np
 def build(
     path: Path,
     *,
-    hidden: int = 64,
-    layers: int = 6,
-    outlier_layers: tuple[int, ...] = (1, 3),
+    hidden: int = 256,
+    layers: int = 8,
+    outlier_layers: tuple[int, ...] = (2, 5),
     factor: float = 300.0,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
@@ -39,10 +39,18 @@ def build(
     mlp.fit(x[train], y[train])
     weights = [w.astype(np.float32).copy() for w in mlp.coefs_]
     biases = [b.astype(np.float32).copy() for b in mlp.intercepts_]
-    for layer in outlier_layers:  # unit 0 of hidden layer `layer` becomes an outlier
-        weights[layer][:, 0] *= factor
-        biases[layer][0] *= factor
-        weights[layer + 1][0, :] /= factor
+    # The most active unit of each chosen layer becomes the outlier, so that calibration
+    # sees it (a unit ReLU keeps at zero would be harmless).
+    hidden_out = x[train]
+    activity = []
+    for w, b in zip(weights[:-1], biases[:-1]):
+        hidden_out = np.maximum(hidden_out @ w + b, 0)
+        activity.append(hidden_out.mean(axis=0))
+    for layer in outlier_layers:
+        unit = int(np.argmax(activity[layer]))
+        weights[layer][:, unit] *= factor
+        biases[layer][unit] *= factor
+        weights[layer + 1][unit, :] /= factor
 
     nodes, inits, prev = [], [], "input"
     for i, (w, b) in enumerate(zip(weights, biases)):

@@ -22,7 +22,7 @@ import numpy as np
 from .config import PostTrainingQuantConfig
 from .data import OutputRecorder, ReferenceLoader, as_dataloader, split_batch
 from .errors import ConfigError, NoAdaptorError, TuningError
-from .evaluation import Metric, Postprocess
+from .evaluation import Inspection, Metric, Postprocess
 from .history import TuningHistory, data_fingerprint, model_fingerprint
 from .manager import PluginManager, get_plugin_manager
 from .strategy.base import StopTuning, TuningContext
@@ -133,6 +133,9 @@ class _RunContext(TuningContext):
         self.started = time.monotonic()
         self.stop_reason = "search space exhausted"
         self._sensitivity: dict[str, dict[OpKey, float] | None] = {}
+        self._fp32_inspection: Inspection | None = None
+        #: The latest trial's model, so inspecting the config just tried re-quantizes nothing.
+        self._last_model: tuple[str, Any] = ("", None)
 
     # ------------------------------------------------------------------ trials
 
@@ -161,6 +164,7 @@ class _RunContext(TuningContext):
         )
         self.history.add(record)
         self.by_fingerprint[fingerprint] = record
+        self._last_model = (fingerprint, model)
         self._track(record, model)
         if self.on_trial is not None:
             self.on_trial(record)
@@ -229,28 +233,77 @@ class _RunContext(TuningContext):
         return result
 
     def _inspect_errors(self, cfg: TuneConfig) -> dict[OpKey, float]:
+        """Marginal activation error of every quantized tunable op of ``cfg``.
+
+        All tunable ops are inspected, fallen-back ones included, because their outputs
+        still carry upstream damage that the marginal score must subtract.
+        """
         runner, pm = self.runner, self.runner.pm
-        quantized = self.models.get(cfg.fingerprint()) or runner.quantize(cfg)
-        keys = [key for key in self.space.tunable_ops if cfg.ops[key].quantized]
-        names = [name for name, _ in keys]
         assert self.inspect_data is not None
-        fp32 = pm.inspect_tensor(
-            runner.framework, runner.model, self.inspect_data, names, "activation", 2
-        )
+        keys = self.space.tunable_ops
+        names = [name for name, _ in keys]
+        if self._fp32_inspection is None:
+            self._fp32_inspection = pm.inspect_tensor(
+                runner.framework, runner.model, self.inspect_data, names, "activation", 2
+            )
+        fp32 = self._fp32_inspection
+        fingerprint = cfg.fingerprint()
+        quantized = self.models.get(fingerprint)
+        if quantized is None and self._last_model[0] == fingerprint:
+            quantized = self._last_model[1]
+        if quantized is None:
+            quantized = runner.quantize(cfg)
         int8 = pm.inspect_tensor(
             runner.framework, quantized, self.inspect_data, names, "activation", 2
         )
-        errors: dict[OpKey, float] = {}
+        raw: dict[OpKey, float] = {}
         for key in keys:
             ref, got = fp32.activations.get(key[0]), int8.activations.get(key[0])
-            if not ref or not got:
-                errors[key] = 0.0
-                continue
-            num = sum(float(np.mean((g.astype(np.float64) - r) ** 2)) for r, g in zip(ref, got))
-            den = sum(float(np.mean(np.asarray(r, np.float64) ** 2)) for r in ref) + 1e-12
-            errors[key] = num / den
-        logger.debug("per-op relative activation error: %s", errors)
-        return errors
+            raw[key] = (
+                float(np.mean([relative_error(r, g) for r, g in zip(ref, got)]))
+                if ref and got
+                else 0.0
+            )
+        logger.debug("per-op relative activation error: %s", raw)
+        scores = marginal_errors(raw)
+        return {key: score for key, score in scores.items() if cfg.ops[key].quantized}
+
+
+def relative_error(reference: np.ndarray, quantized: np.ndarray) -> float:
+    """Quantization error of one activation, robust to outlier channels.
+
+    A plain MSE relative to the tensor's energy is dominated by its largest channels: an
+    outlier channel that forces a coarse scale onto a per-tensor quantizer destroys every
+    other channel, yet hardly moves that ratio. So the error is taken relative to each
+    slice along an axis (a channel, a feature), averaged over slices; the channel axis is
+    not known to lpq, so every non-batch axis is tried and the worst is kept.
+    """
+    ref = np.asarray(reference, np.float64)
+    diff = np.asarray(quantized, np.float64).reshape(ref.shape) - ref
+    floor = 1e-5 * float(np.mean(ref**2)) + 1e-12  # dead slices must not dominate
+    if ref.ndim < 2:
+        return float(np.mean(diff**2)) / (float(np.mean(ref**2)) + 1e-12)
+    worst = 0.0
+    for axis in range(1, ref.ndim):
+        others = tuple(a for a in range(ref.ndim) if a != axis)
+        per_slice = np.mean(diff**2, axis=others) / (np.mean(ref**2, axis=others) + floor)
+        worst = max(worst, float(np.mean(per_slice)))
+    return worst
+
+
+def marginal_errors(raw: dict[OpKey, float]) -> dict[OpKey, float]:
+    """Each op's error *added* to what came before it, in graph order.
+
+    Activation error accumulates downstream, so raw errors rank late ops first even when
+    an early op did the damage. An op's score is how much it raises the largest error
+    seen so far; its raw error breaks ties (scaled down so it never outranks a rise).
+    """
+    scores: dict[OpKey, float] = {}
+    worst_so_far = 0.0
+    for key, error in raw.items():  # dicts keep the capability's graph order
+        scores[key] = max(error - worst_so_far, 0.0) + 1e-3 * error
+        worst_so_far = max(worst_so_far, error)
+    return scores
 
 
 def _tuning_space(

@@ -287,3 +287,33 @@ def test_backend_profile_options_and_capability_file_apply(lpq_plugin, tmp_path)
     assert not any(c.quantized for (_, t), c in result.tune_cfg.ops.items() if t == "MatMul")
     with pytest.raises(lpq.ConfigError, match="unknown backend profile"):
         quantize(concentrated_model(), PostTrainingQuantConfig(backend="nope"), CALIB)
+
+
+def test_marginal_errors_rank_the_op_that_adds_the_damage_first():
+    from lpq.tuner import marginal_errors
+
+    # A chain where fc2 introduces the error and later ops only carry it along.
+    raw = {
+        ("fc1", "MatMul"): 0.001,
+        ("fc2", "MatMul"): 0.6,
+        ("fc3", "MatMul"): 0.62,
+        ("fc4", "MatMul"): 1.0,
+        ("fc5", "MatMul"): 1.05,
+    }
+    scores = marginal_errors(raw)
+    order = sorted(scores, key=lambda k: -scores[k])
+    assert [name for name, _ in order[:2]] == ["fc2", "fc4"]
+
+
+def test_relative_error_sees_channels_destroyed_next_to_an_outlier():
+    from lpq.tuner import relative_error
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(32, 16))
+    ref[:, 0] *= 300.0  # an outlier feature dominates the tensor's energy
+    crushed = ref.copy()
+    crushed[:, 1:] = 0.0  # a coarse per-tensor scale rounds every other feature to 0
+    energy_ratio = np.mean((crushed - ref) ** 2) / np.mean(ref**2)
+    assert energy_ratio < 1e-3  # a plain relative MSE barely notices
+    assert relative_error(ref, crushed) > 0.5
+    assert relative_error(ref, ref + 1e-3) < 1e-4

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..tune_config import OpKey, TuneConfig
+from ..tuning_space import TuningSpace
 from .base import Strategy, TuningContext, fall_back, rank_by_sensitivity, requantize
 
 if TYPE_CHECKING:
@@ -83,6 +85,33 @@ def _improves(ctx: TuningContext, record: TrialRecord, best: TrialRecord) -> boo
     return record.accuracy < best.accuracy
 
 
+def _calibration_variants(space: TuningSpace, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
+    """``cfg`` with every op's activation algorithm switched to each other algorithm the
+    space allows (ops that don't allow it keep theirs)."""
+    current = {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
+    algorithms = dict.fromkeys(
+        choice.activation.algorithm
+        for key in space.tunable_ops
+        for choice in space.choices[key]
+        if choice.quantized and choice.activation is not None
+    )
+    variants = []
+    for algorithm in algorithms:
+        if algorithm in current:
+            continue
+        changes = {}
+        for key in space.tunable_ops:
+            op = cfg.ops[key]
+            if not op.quantized or op.activation is None:
+                continue
+            wanted = replace(op, activation=replace(op.activation, algorithm=algorithm))
+            if wanted in space.choices[key]:
+                changes[key] = wanted
+        if changes:
+            variants.append((algorithm, cfg.with_ops(changes)))
+    return variants
+
+
 class ConservativeStrategy(Strategy):
     name = "conservative"
     honours_first_hit = False
@@ -119,56 +148,79 @@ class MSEStrategy(Strategy):
 
 
 class AutoStrategy(Strategy):
+    """Meet the goal in few trials, then (exit policy ``best``) improve the objective.
+
+    After the default config, each step re-measures per-op error on the *current*
+    config and falls back the ops whose marginal error is close to the worst. Measuring
+    again matters: once the first culprit's damage is gone, a culprit further down the
+    graph, hidden behind it until then, becomes visible.
+    """
+
     name = "auto"
+    #: Ops scoring at least this fraction of the worst score fall back together.
+    group_ratio = 0.3
+    #: At most this fraction of the tunable ops (at least one) falls back per step.
+    group_fraction = 0.1
 
     def traverse(self, ctx: TuningContext) -> None:
         space = ctx.space
-        default = space.default()
-        record = ctx.evaluate(default, "default")
-        order = [k for k in space.tunable_ops if default.ops[k].quantized]
-        hit = 0
+        cfg = space.default()
+        fallen: list[OpKey] = []
+        record = ctx.evaluate(cfg, "default")
         if not ctx.meets_goal(record):
-            order = rank_by_sensitivity(
-                ctx, default, lambda: _probe_op_by_op(ctx, default, "probe op by op")
-            )
-            grown = self._grow_fallback(ctx, default, order)
-            if grown is None:
+            # A clipping calibration (kl, percentile) often rescues outlier-heavy
+            # activations with every op still quantized: one cheap trial each.
+            for algorithm, candidate in _calibration_variants(space, cfg):
+                tried = ctx.evaluate(candidate, f"calibrate with {algorithm}")
+                if ctx.meets_goal(tried):
+                    cfg, record = candidate, tried
+                    break
+                if _improves(ctx, tried, record):
+                    cfg, record = candidate, tried
+        if not ctx.meets_goal(record):
+            if ctx.op_sensitivity(cfg) is None:
+                found = self._fallback_by_probe(ctx, cfg)
+            else:
+                found = self._fallback_by_error(ctx, cfg)
+            if found is None:
                 return
-            hit = grown
-        # Budget left (exit policy "best"): fewer fallbacks, then better options.
-        hit = self._narrow(ctx, default, order, hit)
-        self._requantize_greedily(ctx, fall_back(space, default, order[:hit]), order[:hit])
+            cfg, fallen = found
+        # Budget left (exit policy "best"): win back fallen ops, then try other options.
+        self._requantize_greedily(ctx, cfg, fallen)
         self._try_variants(ctx)
 
-    @staticmethod
-    def _group_sizes(total: int) -> list[int]:
-        sizes, k = [], 1
-        while k < total:
-            sizes.append(k)
-            k = max(k + 1, int(k * 1.5))
-        sizes.append(total)
-        return sizes
+    def _fallback_by_error(
+        self, ctx: TuningContext, cfg: TuneConfig
+    ) -> tuple[TuneConfig, list[OpKey]] | None:
+        fallen: list[OpKey] = []
+        cap = max(1, math.ceil(self.group_fraction * len(ctx.space.tunable_ops)))
+        while True:
+            scores = ctx.op_sensitivity(cfg) or {}
+            if not scores:
+                return None
+            ranked = sorted(scores, key=lambda key: -scores[key])
+            top = scores[ranked[0]]
+            group = [key for key in ranked if scores[key] >= self.group_ratio * top][:cap]
+            fallen += group
+            cfg = fall_back(ctx.space, cfg, group)
+            if ctx.meets_goal(ctx.evaluate(cfg, f"fallback {len(fallen)} by error")):
+                return cfg, fallen
 
-    def _grow_fallback(
-        self, ctx: TuningContext, default: TuneConfig, order: list[OpKey]
-    ) -> int | None:
-        for size in self._group_sizes(len(order)):
-            cfg = fall_back(ctx.space, default, order[:size])
-            if ctx.meets_goal(ctx.evaluate(cfg, f"fallback top {size}")):
-                return size
-        return None
-
-    def _narrow(self, ctx: TuningContext, default: TuneConfig, order: list[OpKey], hit: int) -> int:
-        sizes = self._group_sizes(len(order))
-        lower = max([s for s in sizes if s < hit], default=0)
-        while hit - lower > 1:
-            middle = (lower + hit) // 2
-            cfg = fall_back(ctx.space, default, order[:middle])
-            if ctx.meets_goal(ctx.evaluate(cfg, f"narrow to top {middle}")):
-                hit = middle
-            else:
-                lower = middle
-        return hit
+    def _fallback_by_probe(
+        self, ctx: TuningContext, cfg: TuneConfig
+    ) -> tuple[TuneConfig, list[OpKey]] | None:
+        """Without tensor inspection: measure each op's impact with a trial, then fall
+        back in order of impact, in growing groups."""
+        impact = _probe_op_by_op(ctx, cfg, "probe op by op")
+        order = sorted(impact, key=lambda key: -impact[key])
+        size = 1
+        while True:
+            candidate = fall_back(ctx.space, cfg, order[:size])
+            if ctx.meets_goal(ctx.evaluate(candidate, f"fallback top {size}")):
+                return candidate, order[:size]
+            if size >= len(order):
+                return None
+            size = min(len(order), max(size + 1, int(size * 1.5)))
 
     def _requantize_greedily(
         self, ctx: TuningContext, cfg: TuneConfig, fallen: list[OpKey]

@@ -203,13 +203,17 @@ class FakeAdaptorPlugin:
             return None
         self._count("inspect")
         source = model.source if isinstance(model, FakeQuantizedModel) else model
+        # Like real activations, error accumulates along the chain of ops: an op's
+        # output carries the damage of every quantized op before it.
         activations = {}
+        damage = 0.0
         for name, _ in source.ops:
-            value = np.ones(4, np.float32)
             if isinstance(model, FakeQuantizedModel):
                 cfg = next(c for (n, _), c in model.tune_cfg.ops.items() if n == name)
                 if cfg.quantized:
-                    value = value + np.sqrt(source.sensitivity.get(name, 0.0)).astype(np.float32)
+                    damage += source.sensitivity.get(name, 0.0)
+            value = np.ones((2, 4), np.float32)
+            value[:, 0] += np.float32(np.sqrt(damage))
             activations[name] = [value]
         return Inspection(activations=activations)
 
