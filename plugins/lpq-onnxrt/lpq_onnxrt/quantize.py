@@ -113,6 +113,10 @@ def quantize(
             base, prepared.key, candidates, calib_dataloader, tune_cfg.calib_sampling_size
         )
         work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
+        from .fallback import read_float_inputs
+
+        float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
+        work = read_float_inputs(work, base, float_ops)
     if groups["dynamic"]:
         work = _dynamic_pass(work, groups["dynamic"])
     if groups["weight_only"]:

@@ -359,3 +359,46 @@ def test_dynamic_gather_and_conv(pm):
     pm.evaluate(FW, model, [{"ids": ids}], [_Collect(ref)])
     pm.evaluate(FW, qmodel, [{"ids": ids}], [_Collect(got)])
     assert np.abs(got[0] - ref[0]).max() < 0.05 * np.abs(ref[0]).max()
+
+
+def test_fallback_gemm_stays_float_in_a_default_ort_session(pm):
+    """ORT's WeightBiasQuantization transformer quantizes the float weights of any Gemm
+    that reads a DequantizeLinear output, at session load. A fallback Gemm therefore
+    reads the float tensor in front of the Q/DQ pair: it must compute exactly what the
+    same graph computes with every ORT optimization off."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(0, 0.3, (16, 16)).astype(np.float32)
+    w1 = rng.normal(0, 0.3, (16, 8)).astype(np.float32)
+    w1[:, 0] *= 500.0  # one huge output column: per-tensor weight quantization wrecks the rest
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["x", "w0"], ["h"], name="first"),
+            helper.make_node("Gemm", ["h", "w1"], ["y"], name="second"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (64, 16)).astype(np.float32)
+    loader = lpq.ArrayLoader(x, batch_size=16)
+    cap = pm.query_capability(FW, model, loader, {})
+    cfg = _cfg(cap).with_ops({("second", "Gemm"): lpq.OpConfig.fallback()})
+    qmodel = pm.quantize(FW, model, cfg, loader)
+
+    second = next(n for n in qmodel.proto.graph.node if n.name == "second")
+    assert second.input[0] == "h", "the fallback Gemm must read the float activation"
+    assert "w1" in _inits(qmodel), "its weight stays a float initializer"
+    data = qmodel.proto.SerializeToString()
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(data, plain, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    got = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,78 @@
+"""Make ops the tune_cfg leaves in float really run in float.
+
+In a QDQ model an fp32 op may still read a dequantized activation (when the op before
+it is quantized and its output carries a QuantizeLinear/DequantizeLinear pair). ONNX
+Runtime's ``WeightBiasQuantization`` graph transformer, on at the default optimization
+level, then quantizes that op's float weights at session load - silently, with its own
+settings - so a "fallback" Gemm is int8 after all and can lose the accuracy the fallback
+was meant to keep. Reading the float tensor in front of the pair instead keeps the op in
+float in every ORT session, the user's own included; pairs left without readers go.
+
+The rewiring is done only where the tensor in front of the pair is the very tensor the
+op read in the fp32 model: same name *and* same producing node. Where it is not, the
+quantizer folded a Relu/Clip into the pair (a zero point at the range's end clamps like
+the activation; ORT even gives the producer's output the Relu's old name), and bypassing
+the pair would skip the activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def read_float_inputs(
+    model: onnx.ModelProto, fp32_model: onnx.ModelProto, float_ops: Iterable[str]
+) -> onnx.ModelProto:
+    """Rewire ``float_ops`` (node names) to bypass activation Q/DQ pairs; in place."""
+    names = set(float_ops)
+    if not names:
+        return model
+    fp32_inputs = {node.name: list(node.input) for node in fp32_model.graph.node}
+    fp32_producer = {out: node.name for node in fp32_model.graph.node for out in node.output}
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.name not in names:
+            continue
+        for index, tensor in enumerate(node.input):
+            dq = producer.get(tensor)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            q = producer.get(dq.input[0])
+            if q is None or q.op_type != "QuantizeLinear":
+                continue  # a quantized weight (initializer), not an activation pair
+            original = fp32_inputs.get(node.name, [])
+            source = q.input[0]
+            made_by = producer[source].name if source in producer else None
+            if (
+                index < len(original)
+                and original[index] == source
+                and fp32_producer.get(source) == made_by
+            ):
+                node.input[index] = source
+    _drop_unread_pairs(model)
+    return model
+
+
+def _drop_unread_pairs(model: onnx.ModelProto) -> None:
+    graph = model.graph
+    outputs = {out.name for out in graph.output}
+    changed = True
+    while changed:
+        read = {name for node in graph.node for name in node.input} | outputs
+        unread = [
+            node
+            for node in graph.node
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear")
+            and not any(out in read for out in node.output)
+        ]
+        changed = bool(unread)
+        for node in unread:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input}
+    for init in [init for init in graph.initializer if init.name not in used]:
+        graph.initializer.remove(init)
