@@ -11,4 +11,4 @@ PIP=".venv/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 # torch first and pinned: the CPU build. Anything unpinned would pull CUDA wheels.
 $PIP install --quiet "torch==2.13.0"
-$PIP install --quiet -e ".[dev]" -e plugins/lpq-onnxrt -e plugins/lpq-torch
+$PIP install --quiet -e ".[dev]" -e "plugins/lpq-onnxrt[test]" -e "plugins/lpq-torch[test]"
