@@ -22,7 +22,7 @@ from .errors import (
     PluginError,
     TuningError,
 )
-from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric
+from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, evaluate_batches
 from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
 from .manager import PluginManager, get_plugin_manager
@@ -91,6 +91,7 @@ __all__ = [
     "__version__",
     "atomic_write",
     "batch_size",
+    "evaluate_batches",
     "fit",
     "get_plugin_manager",
     "hookimpl",

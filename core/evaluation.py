@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -96,3 +96,54 @@ class Inspection:
 
     activations: dict[str, list[np.ndarray]] = field(default_factory=dict)
     weights: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+def evaluate_batches(
+    batches: Iterable[tuple[Any, Any]],
+    run: Callable[[Any], Any],
+    metrics: Sequence[Metric],
+    *,
+    postprocess: Postprocess | None = None,
+    measurer: LatencyMeasurer | None = None,
+    iteration: int | None = None,
+    to_numpy: Callable[[Any], Any] | None = None,
+    count: Callable[[Any], int] | None = None,
+) -> EvalResult:
+    """The evaluation loop every adaptor's ``lpq_evaluate`` shares.
+
+    ``batches`` yields ``(inputs, labels)`` with inputs already in the framework's form;
+    ``run(inputs)`` is the framework call, the only part the measurer times;
+    ``to_numpy`` turns its outputs into what metrics take (numpy, or a list of arrays);
+    ``count(inputs)`` is the number of samples in a batch (default: leading dimension).
+    Raises :class:`lpq.DataError` if there is no batch to evaluate.
+    """
+    from .data import batch_size
+
+    for metric in metrics:
+        metric.reset()
+    done = samples = 0
+    for inputs, labels in batches:
+        if iteration is not None and done >= iteration:
+            break
+        if measurer is not None:
+            with measurer.measure():
+                outputs = run(inputs)
+        else:
+            outputs = run(inputs)
+        preds = to_numpy(outputs) if to_numpy is not None else outputs
+        if postprocess is not None:
+            preds, labels = postprocess(preds, labels)
+        for metric in metrics:
+            metric.update(preds, labels)
+        done += 1
+        samples += count(inputs) if count is not None else batch_size(inputs)
+    if done == 0:
+        from .errors import DataError
+
+        raise DataError("the evaluation dataloader yielded no batches", hint="pass non-empty data")
+    return EvalResult(
+        metrics={metric.name: float(metric.result()) for metric in metrics},
+        latency_ms=measurer.median_ms if measurer is not None else None,
+        batches=done,
+        samples=samples,
+    )

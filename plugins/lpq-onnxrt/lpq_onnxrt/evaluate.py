@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lpq import DataError, EvalResult, LatencyMeasurer, Metric
+from lpq import DataError, EvalResult, LatencyMeasurer, Metric, evaluate_batches
 
 from . import model_io
 from .feeds import iter_batches
@@ -49,35 +49,26 @@ def evaluate(
     iteration: int | None,
 ) -> EvalResult:
     session, proto, _ = runnable(model)
-    for metric in metrics:
-        metric.reset()
     output_names = [out.name for out in session.get_outputs()]
-    batches = samples = 0
-    for feed, labels in iter_batches(proto, dataloader):
-        if iteration is not None and batches >= iteration:
-            break
+    done = 0
+
+    def run(feed: dict[str, Any]) -> Any:
+        nonlocal done
         try:
-            if measurer is not None:
-                with measurer.measure():
-                    outputs = session.run(output_names, feed)
-            else:
-                outputs = session.run(output_names, feed)
+            outputs = session.run(output_names, feed)
         except Exception as exc:  # ORT raises its own untyped errors
             raise DataError(
-                f"ONNX Runtime could not run batch {batches}: {exc}",
+                f"ONNX Runtime could not run batch {done}: {exc}",
                 hint="check the data's shapes and dtypes against the model's inputs",
             ) from None
-        preds: Any = outputs[0] if len(outputs) == 1 else list(outputs)
-        if postprocess is not None:
-            preds, labels = postprocess(preds, labels)
-        for metric in metrics:
-            metric.update(preds, labels)
-        batches += 1
-        first = next(iter(feed.values()))
-        samples += int(first.shape[0]) if first.ndim else 1
-    return EvalResult(
-        metrics={metric.name: metric.result() for metric in metrics},
-        latency_ms=measurer.median_ms if measurer is not None else None,
-        batches=batches,
-        samples=samples,
+        done += 1
+        return outputs[0] if len(outputs) == 1 else list(outputs)
+
+    return evaluate_batches(
+        iter_batches(proto, dataloader),
+        run,
+        metrics,
+        postprocess=postprocess,
+        measurer=measurer,
+        iteration=iteration,
     )

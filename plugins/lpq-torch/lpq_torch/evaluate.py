@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lpq import DataError, EvalResult, LatencyMeasurer, Metric, batch_size
+from lpq import EvalResult, LatencyMeasurer, Metric, batch_size, evaluate_batches
 
 from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run, split
 
@@ -62,42 +62,30 @@ def evaluate(
     module = require_module(model)
     use_compile = measurer is not None and compile_enabled()
     forward: Callable[..., Any] = compiled(module) if use_compile else module
+    restore_training = not isinstance(module, torch.fx.GraphModule) and module.training
     if not isinstance(module, torch.fx.GraphModule):
-        was_training = module.training
         module.eval()
-    for metric in metrics:
-        metric.reset()
-    batches = samples = 0
+
+    def batches() -> Iterator[tuple[Any, Any]]:
+        for item in dataloader:
+            inputs, labels = split(item)
+            yield (call_args(inputs), batch_size(inputs)), labels_to_numpy(labels)
+
     try:
         with torch.inference_mode(), inductor_freezing() if use_compile else _null():
-            for item in dataloader:
-                if iteration is not None and batches >= iteration:
-                    break
-                inputs, labels = split(item)
-                args = call_args(inputs)
-                if measurer is not None:
-                    with measurer.measure():
-                        outputs = run(forward, args)
-                else:
-                    outputs = run(forward, args)
-                preds, labels = outputs_to_numpy(outputs), labels_to_numpy(labels)
-                if postprocess is not None:
-                    preds, labels = postprocess(preds, labels)
-                for metric in metrics:
-                    metric.update(preds, labels)
-                batches += 1
-                samples += batch_size(inputs)
+            return evaluate_batches(
+                batches(),
+                lambda prepared: run(forward, prepared[0]),
+                metrics,
+                postprocess=postprocess,
+                measurer=measurer,
+                iteration=iteration,
+                to_numpy=outputs_to_numpy,
+                count=lambda prepared: prepared[1],
+            )
     finally:
-        if not isinstance(module, torch.fx.GraphModule):
-            module.train(was_training)
-    if batches == 0:
-        raise DataError("the evaluation dataloader yielded no batches", hint="pass non-empty data")
-    return EvalResult(
-        metrics={metric.name: float(metric.result()) for metric in metrics},
-        latency_ms=measurer.median_ms if measurer is not None else None,
-        batches=batches,
-        samples=samples,
-    )
+        if restore_training:
+            module.train(True)
 
 
 @contextlib.contextmanager
