@@ -453,6 +453,9 @@ def fit(
         {
             "framework": framework,
             "model": model_fingerprint(model, space.ops),
+            # In-memory models have no file to hash: a retrained model with the same ops
+            # almost always scores differently, so the baseline tells them apart.
+            "baseline": repr(baseline.accuracy),
             "config": conf.to_json(),
             "calib": data_fingerprint(calib),
             "eval": data_fingerprint(evaluation_data) if eval_func is None else "eval_func",
