@@ -103,7 +103,7 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             record.version,
             status,
             frameworks or "-",
-            str(len(record.hooks)),
+            _short_hooks(record.hooks),
         )
     console.print(table)
     if verbose:
@@ -115,6 +115,33 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             console.print(f"[bold]{record.name}[/]: {record.message.splitlines()[0]}")
             if record.hint:
                 console.print(f"  hint: {record.hint}")
+
+
+_SHORT_HOOK_NAMES = {
+    "lpq_detect_framework": "detect",
+    "lpq_query_fw_capability": "capability",
+    "lpq_query_fused_patterns": "patterns",
+    "lpq_quantize": "quantize",
+    "lpq_evaluate": "evaluate",
+    "lpq_convert_bf16": "bf16",
+    "lpq_inspect_tensor": "inspect",
+    "lpq_save_model": "save",
+    "lpq_load_model": "load",
+}
+
+
+def _short_hooks(hooks: list[str]) -> str:
+    """Hook names short enough for a table cell; registrations listed after a '+'."""
+    calls = [
+        _SHORT_HOOK_NAMES.get(h, h.removeprefix("lpq_"))
+        for h in hooks
+        if not h.startswith("lpq_register_")
+    ]
+    registers = [h.removeprefix("lpq_register_") for h in hooks if h.startswith("lpq_register_")]
+    text = ", ".join(calls)
+    if registers:
+        text += ("; " if text else "") + "registers " + ", ".join(registers)
+    return text or "-"
 
 
 # --------------------------------------------------------------------------- capability
