@@ -66,6 +66,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"{_fmt(summary['final_latency_ms'], '.3f')} ms "
             f"({summary['latency_speedup']:.2f}x faster)"
         )
+    speedup = summary.get("latency_speedup")
+    if speedup is not None and speedup < 1.0:
+        lines.append(
+            f"[yellow]warning[/]: the chosen model is {1 / speedup:.2f}x slower than fp32 here; "
+            "small models and models with many fp32 fallbacks gain little from int8. "
+            "Try --exit-policy best, or keep the fp32 model."
+        )
     if summary.get("size_reduction"):
         lines.append(
             f"size: {summary['baseline_size_bytes'] / 1e6:.2f} MB -> "
