@@ -64,7 +64,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"latency: {_fmt(summary['baseline_latency_ms'], '.3f')} ms -> "
             f"{_fmt(summary['final_latency_ms'], '.3f')} ms "
-            f"({summary['latency_speedup']:.2f}x faster)"
+            + (
+                f"({summary['latency_speedup']:.2f}x faster)"
+                if summary["latency_speedup"] >= 1
+                else f"({1 / summary['latency_speedup']:.2f}x slower)"
+            )
         )
     speedup = summary.get("latency_speedup")
     if speedup is not None and speedup < 1.0:
