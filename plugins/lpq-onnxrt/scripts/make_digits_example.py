@@ -33,9 +33,9 @@ class DigitsNet(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = torch.nn.Linear(32 * 4 * 4, 64)
+        self.conv1 = torch.nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = torch.nn.Linear(64 * 4 * 4, 64)
         self.fc2 = torch.nn.Linear(64, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

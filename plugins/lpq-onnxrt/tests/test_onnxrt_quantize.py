@@ -58,7 +58,7 @@ def test_default_static_qdq_is_u8s8_per_channel_and_accurate(
     assert act_zps and all(zp.dtype == np.uint8 for zp in act_zps)
     # int8 per-channel weights: one scale per output channel, axis on the DQ node.
     assert inits["conv2.weight_quantized"].dtype == np.int8
-    assert inits["conv2.weight_scale"].shape == (32,)
+    assert inits["conv2.weight_scale"].shape == (64,)  # conv2 has 64 output channels
     dq = next(n for n in qmodel.proto.graph.node if n.input[0] == "conv2.weight_quantized")
     assert any(a.name == "axis" for a in dq.attribute) or inits["conv2.weight_scale"].size > 1
     assert np.all(inits["conv2.weight_zero_point"] == 0)  # symmetric
@@ -89,7 +89,7 @@ def test_per_op_dtype_scheme_and_granularity_are_honoured(pm, lpq_sample_model, 
     )
     inits = _inits(qmodel)
     assert inits["conv1.weight_scale"].size == 1  # per tensor
-    assert inits["conv2.weight_scale"].size == 32  # still per channel
+    assert inits["conv2.weight_scale"].size == 64  # still per channel
     # conv1's input activation: int8, symmetric (zero point 0); the rest stays uint8.
     q_input = next(
         n
