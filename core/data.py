@@ -21,10 +21,11 @@ from .errors import DataError
 def split_batch(item: Any) -> tuple[Any, Any]:
     """``(inputs, labels)`` of one dataloader item; labels are ``None`` when absent.
 
-    A 2-tuple is read as ``(inputs, labels)``; any other value is inputs only. A model
-    with exactly two positional inputs must therefore yield ``((a, b), labels)`` or a dict.
+    A 2-tuple or 2-list is read as ``(inputs, labels)`` (PyTorch's ``DataLoader`` yields
+    ``[x, y]`` lists); any other value is inputs only. A model with exactly two
+    positional inputs must therefore yield ``((a, b), labels)`` or a dict.
     """
-    if isinstance(item, tuple) and len(item) == 2:
+    if isinstance(item, tuple | list) and len(item) == 2:
         return item[0], item[1]
     return item, None
 

@@ -134,3 +134,10 @@ def test_write_json_failing_midway_keeps_old_file(tmp_path: Path):
         lpq.write_json(target, circular)
     assert target.read_text() == '{\n  "ok": true\n}\n'
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_two_item_lists_are_inputs_and_labels_like_torch_dataloader_batches():
+    x, y = np.zeros((4, 3), np.float32), np.arange(4)
+    inputs, labels = lpq.split_batch([x, y])
+    assert inputs is x and labels is y
+    assert lpq.split_batch([x, y, y])[1] is None

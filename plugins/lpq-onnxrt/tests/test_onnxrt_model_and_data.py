@@ -253,3 +253,18 @@ def test_int64_shape_arithmetic_is_not_quantizable(pm):
     model.ir_version = 8
     cap = pm.query_capability(FW, model, None, {})
     assert [name for name, _ in cap.opwise] == ["mm"]
+
+
+def test_a_torch_dataloader_feeds_an_onnx_model(digits):
+    """Users coming from PyTorch pass their DataLoader: batches are [x, y] lists of tensors."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lpq.metrics import TopK
+
+    data = TensorDataset(torch.tensor(digits["eval_x"]), torch.tensor(digits["eval_y"]))
+    loader = DataLoader(data, batch_size=50)
+    pm = lpq.get_plugin_manager()
+    result = pm.evaluate("onnxrt", digits["model"], loader, [TopK(1)])
+    assert result.samples == len(digits["eval_x"])
+    assert result.accuracy > 0.95
