@@ -22,18 +22,6 @@ from lpq import DataError, ModelError, split_batch
 CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def split(item: Any) -> tuple[Any, Any]:
-    """``(inputs, labels)`` of a dataloader item.
-
-    Like :func:`lpq.split_batch`, plus the ``[inputs, labels]`` *list* that
-    ``torch.utils.data.DataLoader`` collates a ``(x, y)`` dataset into. Positional inputs
-    of a multi-input model must therefore be a tuple, e.g. ``((a, b), labels)``.
-    """
-    if isinstance(item, list) and len(item) == 2:
-        return item[0], item[1]
-    return split_batch(item)
-
-
 def to_tensor(value: Any) -> Any:
     """A numpy array (or scalar array) as a tensor; tensors and other values unchanged."""
     if isinstance(value, np.ndarray):
@@ -79,7 +67,7 @@ def first_batch(dataloader: Iterable[Any] | None) -> CallArgs:
             hint="pass a calibration dataloader (its first batch is used as example inputs)",
         )
     for item in dataloader:
-        return call_args(split(item)[0])
+        return call_args(split_batch(item)[0])
     raise DataError("the dataloader yielded no batches", hint="pass non-empty data")
 
 

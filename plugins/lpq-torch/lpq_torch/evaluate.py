@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from lpq import EvalResult, LatencyMeasurer, Metric, batch_size, evaluate_batches
+from lpq import EvalResult, LatencyMeasurer, Metric, batch_size, evaluate_batches, split_batch
 
-from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run, split
+from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = (
     weakref.WeakKeyDictionary()
@@ -68,7 +68,7 @@ def evaluate(
 
     def batches() -> Iterator[tuple[Any, Any]]:
         for item in dataloader:
-            inputs, labels = split(item)
+            inputs, labels = split_batch(item)
             yield (call_args(inputs), batch_size(inputs)), labels_to_numpy(labels)
 
     try:

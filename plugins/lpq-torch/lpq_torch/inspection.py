@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from lpq import ConfigError, DataError, Inspection
+from lpq import ConfigError, DataError, Inspection, split_batch
 
 from . import graph
-from .data import CallArgs, call_args, first_batch, require_module, split
+from .data import CallArgs, call_args, first_batch, require_module
 
 _BATCH_NORM = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
 
@@ -110,7 +110,7 @@ def inspect_tensor(
                 break
             capture = _Capture(gm, wanted)
             try:
-                capture.run(*_flat_inputs(call_args(split(item)[0])))
+                capture.run(*_flat_inputs(call_args(split_batch(item)[0])))
             except (RuntimeError, TypeError, ValueError, IndexError) as exc:
                 raise DataError(
                     f"the model could not run on the inspection data: {exc}",

@@ -29,10 +29,10 @@ from torchao.quantization.pt2e import (
 )
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 
-from lpq import ConfigError, OpConfig, TuneConfig, take_samples
+from lpq import ConfigError, OpConfig, TuneConfig, split_batch, take_samples
 
 from . import graph, lowp_float
-from .data import CallArgs, at_least_two, call_args, first_batch, require_module, run, split
+from .data import CallArgs, at_least_two, call_args, first_batch, require_module, run
 from .qspec import quant_config
 from .quantizer import Group, LpqX86Quantizer
 
@@ -162,4 +162,4 @@ def _calibrate(
         return
     with torch.no_grad():
         for item in take_samples(dataloader, max(1, samples)):
-            run(prepared, call_args(split(item)[0]))
+            run(prepared, call_args(split_batch(item)[0]))
