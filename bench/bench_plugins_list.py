@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -44,18 +45,10 @@ VARIANTS: dict[str, list[str]] = {
 
 
 def _read_pyproject(text: str) -> tuple[str, dict[str, str]]:
-    """The project name and the ``lpq`` entry points of a ``pyproject.toml`` (a tiny
-    reader for these two keys, since ``tomllib`` needs Python 3.11)."""
-    sections: dict[str, dict[str, str]] = {}
-    current = ""
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            current = line.strip("[]").strip()
-        elif "=" in line and current:
-            key, value = (part.strip() for part in line.split("=", 1))
-            sections.setdefault(current, {})[key.strip('"')] = value.strip('"')
-    return sections["project"]["name"], sections.get("project.entry-points.lpq", {})
+    """The project name and the ``lpq`` entry points of a ``pyproject.toml``."""
+    data = tomllib.loads(text)
+    project = data["project"]
+    return project["name"], project.get("entry-points", {}).get("lpq", {})
 
 
 def repo_plugins() -> list[tuple[str, str, str, Path]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from importlib import metadata
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -28,7 +28,7 @@ ENV_DENY = "LPQ_DISABLE_PLUGINS"
 ENV_STRICT = "LPQ_PLUGINS_STRICT"
 
 
-class PluginStatus(str, Enum):
+class PluginStatus(StrEnum):
     OK = "ok"
     DISABLED = "disabled"
     INCOMPATIBLE = "incompatible"

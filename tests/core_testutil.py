@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -125,18 +126,10 @@ def repo_plugins() -> list[RepoPlugin]:
 
 
 def _read_pyproject(text: str) -> tuple[str, dict[str, str]]:
-    """The project name and the ``lpq`` entry points of a ``pyproject.toml`` (a tiny
-    reader for these two keys, since ``tomllib`` needs Python 3.11)."""
-    sections: dict[str, dict[str, str]] = {}
-    current = ""
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith("[") and line.endswith("]"):
-            current = line.strip("[]").strip()
-        elif "=" in line and current:
-            key, value = (part.strip() for part in line.split("=", 1))
-            sections.setdefault(current, {})[key.strip('"')] = value.strip('"')
-    return sections["project"]["name"], sections.get("project.entry-points.lpq", {})
+    """The project name and the ``lpq`` entry points of a ``pyproject.toml``."""
+    data = tomllib.loads(text)
+    project = data["project"]
+    return project["name"], project.get("entry-points", {}).get("lpq", {})
 
 
 #: A valid one-block capability file that tests edit line by line.
