@@ -9,6 +9,8 @@ Every trial is written to the history as it finishes; re-running resumes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import random
 import time
@@ -445,9 +447,6 @@ def fit(
     logger.info(
         "fp32 baseline: %s = %.4f", metric.name if metric else "accuracy", baseline.accuracy
     )
-
-    import hashlib
-    import json
 
     key_source = json.dumps(
         {
