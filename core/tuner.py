@@ -145,6 +145,20 @@ class _RunContext(TuningContext):
         fingerprint = cfg.fingerprint()
         if fingerprint in self.by_fingerprint:
             return self.by_fingerprint[fingerprint]
+        if not cfg.quantized_ops():
+            # Every op in fp32 is the baseline itself, not a candidate: never "meets" the
+            # goal, costs no trial, and is not written to the history.
+            skipped = TrialRecord(
+                index=-1,
+                fingerprint=fingerprint,
+                tune_cfg=cfg.to_json(),
+                stage=stage,
+                status="skipped",
+                error="every op would stay in fp32 (the baseline)",
+                fallback_ops=len(cfg.fallback_ops()),
+            )
+            self.by_fingerprint[fingerprint] = skipped
+            return skipped
         criterion = self.config.tuning_criterion
         if len(self.history.trials) >= criterion.max_trials:
             self.stop_reason = f"max trials ({criterion.max_trials}) reached"
@@ -222,6 +236,8 @@ class _RunContext(TuningContext):
     # ------------------------------------------------------------------ sensitivity
 
     def op_sensitivity(self, cfg: TuneConfig) -> dict[OpKey, float] | None:
+        if not cfg.quantized_ops():
+            return {}
         fingerprint = cfg.fingerprint()
         if fingerprint in self._sensitivity:
             return self._sensitivity[fingerprint]

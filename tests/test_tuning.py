@@ -84,23 +84,24 @@ def test_best_exit_policy_narrows_fallback_to_the_culprits(fake, tmp_path):
 
 
 def test_goal_not_met_returns_most_accurate_candidate(fake, tmp_path):
-    model = FakeModel(ops=[("a", "Conv"), ("b", "Conv")], sensitivity={"a": 0.3, "b": 0.3})
-    config = PostTrainingQuantConfig(
-        op_type_dict={"Conv": {"activation": {"algorithm": ["minmax"]}}},
-        accuracy_criterion=AccuracyCriterion(tolerable_loss=0.0001),
-        tuning_criterion=TuningCriterion(strategy="basic"),
-    )
-    # Falling back everything would meet the goal; forbid it to make the goal unreachable.
-    config.op_name_dict = {}
-    model.base_accuracy = 0.9
-    result = run(model, config, tmp_path)
-    assert result.goal_met  # all-fallback meets it: sanity check of the setup
-    unreachable = conf("mse", max_trials=1)
-    result = run(model, unreachable, tmp_path / "u")
+    model = FakeModel(ops=[("a", "Conv"), ("b", "Conv")], sensitivity={"a": 0.3, "b": 0.2})
+    result = run(model, conf("mse", max_trials=1), tmp_path)
     assert not result.goal_met
     assert result.model is not None
     assert result.best.index == 0
     assert "no configuration met the accuracy goal" in result.stop_reason
+
+
+@pytest.mark.parametrize("strategy", ["auto", "basic", "mse", "random"])
+def test_all_fp32_is_never_offered_as_the_answer(fake, tmp_path, strategy):
+    """Only leaving every op in fp32 would meet this goal: that is the baseline, not a
+    quantized model, so the goal counts as missed and the best quantized try is returned."""
+    model = FakeModel(ops=[("a", "Conv"), ("b", "Conv")], sensitivity={"a": 0.3, "b": 0.2})
+    result = run(model, conf(strategy, max_trials=10), tmp_path)
+    assert not result.goal_met
+    assert result.best.quantized_ops >= 1
+    assert result.best.accuracy == pytest.approx(0.9 - 0.2)  # only "b" quantized
+    assert all(t.quantized_ops >= 1 for t in result.trials)
 
 
 def test_max_trials_is_respected(fake, tmp_path):

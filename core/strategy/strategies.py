@@ -201,6 +201,8 @@ class AutoStrategy(Strategy):
             ranked = sorted(scores, key=lambda key: -scores[key])
             top = scores[ranked[0]]
             group = [key for key in ranked if scores[key] >= self.group_ratio * top][:cap]
+            if len(group) == len(ranked) > 1:
+                group = group[:-1]  # all-fp32 is the baseline, not an answer
             fallen += group
             cfg = fall_back(ctx.space, cfg, group)
             if ctx.meets_goal(ctx.evaluate(cfg, f"fallback {len(fallen)} by error")):
