@@ -98,6 +98,21 @@ def _qscheme(cfg: TensorConfig, *, weight: bool) -> torch.qscheme:
     return torch.per_tensor_affine
 
 
+def _learnable(
+    observer: Any, dtype: Any, qmin: int, qmax: int, qscheme: Any, args: dict[str, Any]
+) -> Any:
+    """QAT fake quantizer with a learnable scale (gradients scaled as in LSQ)."""
+    return LearnableFakeQuantize.with_args(
+        observer=observer,
+        quant_min=qmin,
+        quant_max=qmax,
+        dtype=dtype,
+        qscheme=qscheme,
+        use_grad_scaling=True,
+        **args,
+    )
+
+
 def weight_spec(cfg: TensorConfig, *, qat: bool) -> QuantizationSpec:
     dtype, qmin, qmax = dtype_range(cfg.dtype)
     qscheme = _qscheme(cfg, weight=True)
@@ -109,15 +124,7 @@ def weight_spec(cfg: TensorConfig, *, qat: bool) -> QuantizationSpec:
         args["ch_axis"] = 0
     if qat:
         observer = MovingAveragePerChannelMinMaxObserver if per_channel else MinMaxObserver
-        ctr = LearnableFakeQuantize.with_args(
-            observer=observer,
-            quant_min=qmin,
-            quant_max=qmax,
-            dtype=dtype,
-            qscheme=qscheme,
-            use_grad_scaling=True,
-            **args,
-        )
+        ctr = _learnable(observer, dtype, qmin, qmax, qscheme, args)
     else:
         observer = PerChannelMinMaxObserver if per_channel else MinMaxObserver
         ctr = observer.with_args(**args)
@@ -139,15 +146,7 @@ def activation_spec(cfg: TensorConfig, *, qat: bool, dynamic: bool) -> Quantizat
     if dynamic:
         ctr: Any = PlaceholderObserver.with_args(**args)
     elif qat:
-        ctr = LearnableFakeQuantize.with_args(
-            observer=MovingAverageMinMaxObserver,
-            quant_min=qmin,
-            quant_max=qmax,
-            dtype=dtype,
-            qscheme=qscheme,
-            use_grad_scaling=True,
-            **args,
-        )
+        ctr = _learnable(MovingAverageMinMaxObserver, dtype, qmin, qmax, qscheme, args)
     elif cfg.algorithm == "minmax":
         ctr = MinMaxObserver.with_args(**args)
     elif cfg.algorithm == "kl":
