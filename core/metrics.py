@@ -181,6 +181,3 @@ BUILTIN_METRICS = {
     "cosine": CosineSimilarity,
     "f1": F1,
 }
-
-#: Metrics that compare with reference outputs rather than needing dataset labels.
-REFERENCE_METRICS = {"agreement", "mse", "cosine"}

@@ -78,7 +78,6 @@ class Evaluation:
     iteration: int | None = None
     latency_dataloader: Iterable[Any] | None = None
     latency_iterations: int = 10
-    higher_is_better: bool = True
     measure_footprint: bool = False
 
     def __call__(self, model: Any) -> tuple[float, float | None, int | None]:

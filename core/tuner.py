@@ -440,7 +440,6 @@ def fit(
         postprocess=postprocess,
         iteration=eval_iterations,
         latency_dataloader=calib if calib is not None else evaluation_data,
-        higher_is_better=higher_is_better,
         measure_footprint=conf.tuning_criterion.objective == "footprint",
     )
 
