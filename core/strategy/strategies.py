@@ -1,10 +1,9 @@
 """The built-in strategies. Each is registered through ``lpq_register_strategies``.
 
-* ``auto`` (default): default config; if it misses the goal, rank ops by measured
-  quantization error (from ``lpq_inspect_tensor``, no trial spent) and fall back the
-  most harmful ops in growing groups, so concentrated damage is found in a few trials;
-  with ``exit_policy="best"`` it then narrows the fallback set and re-quantizes ops
-  greedily to improve the objective.
+* ``auto`` (default): default config; then each other calibration algorithm; then
+  error-guided fallback, re-inspecting the current config (``lpq_inspect_tensor``, no
+  trial spent) after every step, so concentrated damage is found in a few trials; with
+  ``exit_policy="best"`` it then re-quantizes ops greedily to improve the objective.
 * ``basic``: default; op-type-wise tuning of algorithm/scheme/granularity; fallback op by
   op to measure each op's impact; accumulated fallback in order of that impact.
 * ``conservative``: start from fp32 and quantize op types (then ops) one at a time,
