@@ -224,6 +224,22 @@ def lpq_inspect_tensor(
 
 
 @hookspec(firstresult=True)
+def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
+    """Report, read from the converted model itself, the precision each op really runs in.
+
+    :param model: a model returned by ``lpq_quantize``.
+    :return: fp32 op name -> precision actually found in the converted graph (``int8``,
+        ``uint8``, ``int4``, ``bf16``, ``fp16`` or ``fp32``) for every op the capability
+        listed, or ``None`` if not yours.
+
+    Called after every trial's quantization. lpq reports quantized and fallback op counts
+    and the per-op table from this answer, never from the tune_cfg it asked for: a
+    framework may silently leave an op in float. Optional: without it lpq reports the
+    plan and says so.
+    """
+
+
+@hookspec(firstresult=True)
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     """Write ``model`` (fp32 or quantized) to ``path`` atomically.
 

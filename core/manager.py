@@ -402,6 +402,12 @@ class PluginManager:
         )
         return result
 
+    def quantized_ops(self, framework: str, model: Any) -> dict[str, str] | None:
+        """Per-op precision read from a converted model, or None if the adaptor cannot say."""
+        self.adaptor(framework)
+        result = self._pm.hook.lpq_quantized_ops(framework=framework, model=model)
+        return dict(result) if result is not None else None
+
     def save_model(self, framework: str, model: Any, path: str | Path) -> Path:
         result: Path = self._dispatch("lpq_save_model", framework, model=model, path=Path(path))
         return result
