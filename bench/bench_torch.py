@@ -34,7 +34,7 @@ from torch_testmodels import (  # noqa: E402
 )
 
 import lpq  # noqa: E402
-from lpq.metrics import TopK  # noqa: E402
+from lpq import TopK  # noqa: E402
 
 
 def conv_net() -> nn.Module:

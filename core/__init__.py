@@ -9,9 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
-from .data import ArrayLoader, batch_size, load_npz, split_batch, take_samples
-from .discovery import installed_version
 from .errors import (
     CapabilityError,
     ConfigError,
@@ -22,28 +19,74 @@ from .errors import (
     PluginError,
     TuningError,
 )
-from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, evaluate_batches
+from .eval.data import ArrayLoader, batch_size, load_npz, split_batch, take_samples
+from .eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, evaluate_batches
 from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
-from .manager import PluginManager, get_plugin_manager
-from .plugin_types import AdaptorInfo, BackendProfile, Example
-from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
+from .plan.capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
+from .plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
+from .plugins.discovery import installed_version
+from .plugins.manager import PluginManager, get_plugin_manager
+from .plugins.types import AdaptorInfo, BackendProfile, Example
 
 if TYPE_CHECKING:
-    from .capability_loader import load_capability, validate_capability_file
+    from .api import QuantizedModel, TuningResult, fit, quantize
     from .config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
-    from .tuner import QuantizedModel, TuningResult, fit, quantize
+    from .eval.metrics import F1, MSE, Agreement, CosineSimilarity, TopK
+    from .plan.capability_loader import load_capability, validate_capability_file
+    from .plan.tuning_space import TuningSpace
+    from .strategy import (
+        Candidate,
+        Proposals,
+        StopTuning,
+        Strategy,
+        TuningContext,
+        accuracy_gain,
+        fall_back,
+        improves,
+        one,
+        probe_op_by_op,
+        ranked,
+        requantize,
+    )
+    from .tuning.executors import Executor, TrialOutcome
+    from .tuning.records import TrialRecord
+    from .tuning.runner import TrialRunner, TrialSpec
 
+# Heavier parts load on first use: importing lpq stays cheap and framework-free.
 _LAZY = {
-    "load_capability": "capability_loader",
-    "validate_capability_file": "capability_loader",
+    "load_capability": "plan.capability_loader",
+    "validate_capability_file": "plan.capability_loader",
+    "TuningSpace": "plan.tuning_space",
     "AccuracyCriterion": "config",
     "PostTrainingQuantConfig": "config",
     "TuningCriterion": "config",
-    "QuantizedModel": "tuner",
-    "TuningResult": "tuner",
-    "fit": "tuner",
-    "quantize": "tuner",
+    "QuantizedModel": "api",
+    "TuningResult": "api",
+    "fit": "api",
+    "quantize": "api",
+    "TopK": "eval.metrics",
+    "Agreement": "eval.metrics",
+    "MSE": "eval.metrics",
+    "CosineSimilarity": "eval.metrics",
+    "F1": "eval.metrics",
+    "Strategy": "strategy",
+    "TuningContext": "strategy",
+    "StopTuning": "strategy",
+    "Candidate": "strategy",
+    "Proposals": "strategy",
+    "one": "strategy",
+    "fall_back": "strategy",
+    "requantize": "strategy",
+    "improves": "strategy",
+    "accuracy_gain": "strategy",
+    "probe_op_by_op": "strategy",
+    "ranked": "strategy",
+    "TrialRecord": "tuning.records",
+    "TrialSpec": "tuning.runner",
+    "TrialRunner": "tuning.runner",
+    "Executor": "tuning.executors",
+    "TrialOutcome": "tuning.executors",
 }
 
 
@@ -57,17 +100,23 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "F1",
     "FLOAT_PRECISIONS",
+    "MSE",
     "AccuracyCriterion",
     "AdaptorInfo",
+    "Agreement",
     "ArrayLoader",
     "BackendProfile",
+    "Candidate",
     "CapabilityError",
     "CapabilitySpec",
     "ConfigError",
+    "CosineSimilarity",
     "DataError",
     "EvalResult",
     "Example",
+    "Executor",
     "FrameworkCapability",
     "Inspection",
     "LatencyMeasurer",
@@ -80,25 +129,42 @@ __all__ = [
     "PluginError",
     "PluginManager",
     "PostTrainingQuantConfig",
+    "Proposals",
     "QuantCapability",
     "QuantizedModel",
+    "StopTuning",
+    "Strategy",
     "TensorConfig",
     "TensorOptions",
+    "TopK",
+    "TrialOutcome",
+    "TrialRecord",
+    "TrialRunner",
+    "TrialSpec",
     "TuneConfig",
+    "TuningContext",
     "TuningCriterion",
     "TuningError",
     "TuningResult",
+    "TuningSpace",
     "__version__",
+    "accuracy_gain",
     "atomic_write",
     "batch_size",
     "evaluate_batches",
+    "fall_back",
     "fit",
     "get_plugin_manager",
     "hookimpl",
+    "improves",
     "installed_version",
     "load_capability",
     "load_npz",
+    "one",
+    "probe_op_by_op",
     "quantize",
+    "ranked",
+    "requantize",
     "split_batch",
     "take_samples",
     "validate_capability_file",

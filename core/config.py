@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from .errors import ConfigError
-from .tune_config import FLOAT_PRECISIONS
+from .plan.tune_config import FLOAT_PRECISIONS
 
 Approach = Literal["auto", "static", "dynamic", "weight_only"]
 Objective = Literal["performance", "modelsize", "footprint"]
@@ -87,8 +87,17 @@ class TuningCriterion:
     exit_policy: ExitPolicy = "first_hit"
     seed: int = 1978
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    #: Trials run at once. 1 runs them in this process; more use ``executor``.
+    workers: int = 1
+    #: ``"auto"`` (serial for one worker, else a local process pool), ``"serial"``,
+    #: ``"process"``, ``"ray"``, or one a plugin registered.
+    executor: str = "auto"
+    #: Passed to the executor, e.g. ``{"address": "ray://head:10001"}`` for Ray.
+    executor_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"workers must be a whole number >= 1, not {self.workers!r}")
         _choice("objective", self.objective, _OBJECTIVES)
         _choice("exit policy", self.exit_policy, _EXIT_POLICIES)
         if not isinstance(self.max_trials, int) or self.max_trials < 1:
@@ -148,10 +157,26 @@ class PostTrainingQuantConfig:
                 ) from None
 
     def to_json(self) -> dict[str, Any]:
-        """A plain-JSON form; used to key tuning history for resume."""
-        data = asdict(self)
-        data["tuning_criterion"].pop("strategy_options", None)
-        data["tuning_criterion"]["strategy_options"] = self.tuning_criterion.strategy_options
+        """A plain-JSON form, written into the tuning history."""
+        return asdict(self)
+
+    def search_json(self) -> dict[str, Any]:
+        """What decides which trials a run proposes and what they mean: the run key.
+
+        The budget (``max_trials``, ``timeout``), the exit policy and how trials are
+        executed are left out, so a re-run with a larger budget, another exit policy or
+        more workers continues the same run instead of starting over.
+        """
+        data = self.to_json()
+        for budget in (
+            "max_trials",
+            "timeout",
+            "exit_policy",
+            "workers",
+            "executor",
+            "executor_options",
+        ):
+            data["tuning_criterion"].pop(budget, None)
         return data
 
 

@@ -22,6 +22,8 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp creates 0600; the finished file gets the permissions open() would give.
+        os.fchmod(fd, 0o666 & ~_current_umask())
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
@@ -30,6 +32,22 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete temporaries that an interrupted :func:`atomic_write` of ``path`` left behind
+    (a SIGKILL skips the cleanup). Call it where only one writer of ``path`` runs."""
+    target = Path(path)
+    stale = list(target.parent.glob(f".{target.name}.*.tmp")) if target.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

@@ -10,7 +10,7 @@ entry-point group (see ``docs/writing-a-plugin.md``). Two kinds of hooks exist:
   than ``None``. An implementation therefore returns ``None`` whenever ``framework`` is
   not its own.
 
-lpq itself never calls ``pm.hook`` outside :mod:`lpq.manager`; strategies and the CLI go
+lpq itself never calls ``pm.hook`` outside :mod:`lpq.plugins.manager`; strategies and the CLI go
 through that typed facade. Model objects are opaque to lpq: whatever an adaptor's
 ``lpq_quantize`` returns is what its ``lpq_evaluate`` and ``lpq_save_model`` receive.
 """
@@ -23,16 +23,17 @@ from typing import Any, Literal
 
 import pluggy
 
-from .capability import FrameworkCapability
-from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
-from .plugin_types import (
+from .eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
+from .plan.capability import FrameworkCapability
+from .plan.tune_config import TuneConfig
+from .plugins.types import (
     RegisterAdaptor,
     RegisterBackendProfile,
     RegisterExample,
+    RegisterExecutor,
     RegisterMetric,
     RegisterStrategy,
 )
-from .tune_config import TuneConfig
 
 PROJECT_NAME = "lpq"
 
@@ -94,6 +95,19 @@ def lpq_register_examples(register: RegisterExample) -> None:
         calibration and evaluation ``.npz`` files and the metric to use).
 
     Called once, when the plugin is loaded. Keep example files small and in the package.
+    """
+
+
+@hookspec
+def lpq_register_executors(register: RegisterExecutor) -> None:
+    """Register trial executors (how a batch of trials is run: serially, in a local
+    process pool, on a Ray cluster, on your own scheduler).
+
+    :param register: call as ``register(name, factory)``; ``factory(workers=N, **options)``
+        returns an :class:`lpq.Executor`.
+
+    Called once, when the plugin is loaded. Must not import the executor's engine (e.g.
+    ``ray``): import it when the factory is called.
     """
 
 

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core_testutil import FakeSite, repo_plugins
 
-from lpq import discovery
-from lpq import manager as manager_module
+from lpq.plugins import discovery
+from lpq.plugins import manager as manager_module
 
 
 @pytest.fixture

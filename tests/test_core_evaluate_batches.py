@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 
 
 def batches(n: int):

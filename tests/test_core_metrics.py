@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.metrics import F1, MSE, Agreement, CosineSimilarity, TopK
+from lpq import F1, MSE, Agreement, CosineSimilarity, TopK
 
 
 def test_top1_accumulates_over_batches():

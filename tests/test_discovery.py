@@ -13,8 +13,8 @@ import pytest
 from core_testutil import GOOD_PLUGIN, RAISING_PLUGIN, WRONG_SIGNATURE_PLUGIN, FakeSite
 
 import lpq
-from lpq import discovery
-from lpq.discovery import PluginStatus
+from lpq.plugins import discovery
+from lpq.plugins.discovery import PluginStatus
 
 
 def records(monkeypatch: pytest.MonkeyPatch, allow: str) -> dict[str, discovery.PluginRecord]:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import lpq
+from lpq.api import fit, quantize
 from lpq.config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
 from lpq.testing.fake_adaptor import FakeAdaptorPlugin, FakeModel
-from lpq.tuner import fit, quantize
 
 EVAL = [(np.zeros((100, 1), np.float32), np.arange(100) % 10)]
 CALIB = [np.zeros((100, 1), np.float32)]
@@ -291,7 +291,7 @@ def test_backend_profile_options_and_capability_file_apply(lpq_plugin, tmp_path)
 
 
 def test_marginal_errors_rank_the_op_that_adds_the_damage_first():
-    from lpq.tuner import marginal_errors
+    from lpq.tuning.sensitivity import marginal_errors
 
     # A chain where fc2 introduces the error and later ops only carry it along.
     raw = {
@@ -307,7 +307,7 @@ def test_marginal_errors_rank_the_op_that_adds_the_damage_first():
 
 
 def test_relative_error_sees_channels_destroyed_next_to_an_outlier():
-    from lpq.tuner import relative_error
+    from lpq.tuning.sensitivity import relative_error
 
     rng = np.random.default_rng(0)
     ref = rng.normal(size=(32, 16))

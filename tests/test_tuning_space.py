@@ -8,8 +8,8 @@ import pytest
 
 import lpq
 from lpq.config import PostTrainingQuantConfig
+from lpq.plan.tuning_space import build_tuning_space
 from lpq.testing.fake_adaptor import CAPABILITY_YAML
-from lpq.tuning_space import build_tuning_space
 
 OPS = [("conv1", "Conv"), ("conv2", "Conv"), ("fc", "MatMul"), ("head", "MatMul")]
 

@@ -1,25 +1,47 @@
-"""What every strategy sees: the tuning space and a context that runs trials."""
+"""What every strategy sees, and the protocol by which it proposes trials.
+
+A strategy *proposes*; the tuning engine *executes*. :meth:`Strategy.propose` is a
+generator that yields batches of :class:`Candidate` and receives, for each batch, the
+:class:`~lpq.TrialRecord` of every candidate in the same order. Candidates in one batch
+are independent, so the engine may run them at the same time (``--workers``); the
+strategy decides what to try next only from finished results, so serial and parallel
+runs walk the same path. ``yield from one(cfg, stage)`` proposes a single trial.
+
+Strategies never import a framework: they see only the tuning space and the
+:class:`TuningContext`.
+"""
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
 
-from ..tune_config import OpConfig, OpKey, TuneConfig
-from ..tuning_space import TuningSpace
-
-if TYPE_CHECKING:
-    from ..trial import TrialRecord
+from ..plan.tune_config import OpConfig, OpKey, TuneConfig
+from ..plan.tuning_space import TuningSpace
+from ..tuning.records import TrialRecord
 
 
 class StopTuning(Exception):
-    """Raised by :meth:`TuningContext.evaluate` when the exit policy says stop."""
+    """Raised by the engine when the exit policy says stop (budget, timeout, first hit)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One proposed trial: a config and the stage name shown in reports."""
+
+    cfg: TuneConfig
+    stage: str = ""
+
+
+#: What :meth:`Strategy.propose` is: yields batches, receives their records.
+Proposals = Generator[list[Candidate], list[TrialRecord], None]
 
 
 class TuningContext(ABC):
-    """The strategy's window on a run. Implemented by the tuner (and fakes in tests)."""
+    """The strategy's window on a run. Implemented by the tuning driver (and fakes)."""
 
     space: TuningSpace
     rng: random.Random
@@ -28,7 +50,9 @@ class TuningContext(ABC):
 
     @abstractmethod
     def evaluate(self, cfg: TuneConfig, stage: str = "") -> TrialRecord:
-        """Run (or replay) a trial; raises :class:`StopTuning` when tuning must stop."""
+        """Run (or replay) one trial now. For strategies written as :meth:`Strategy.
+        traverse`; generator strategies yield candidates instead. Raises
+        :class:`StopTuning` when tuning must stop."""
 
     @abstractmethod
     def meets_goal(self, record: TrialRecord) -> bool: ...
@@ -48,8 +72,11 @@ class TuningContext(ABC):
         """The best goal-meeting trial so far."""
 
 
-class Strategy(ABC):
-    """A way to walk the tuning space. Subclasses implement :meth:`traverse`.
+class Strategy:
+    """A way to walk the tuning space.
+
+    Implement :meth:`propose` (a generator of candidate batches: parallel-ready), or, for
+    a strictly sequential walk, :meth:`traverse` calling ``ctx.evaluate``.
 
     ``honours_first_hit``: whether the run stops at the first goal-meeting trial when the
     exit policy is ``first_hit``. Strategies whose first hit is a poor answer (e.g.
@@ -62,12 +89,31 @@ class Strategy(ABC):
     def __init__(self, **options: Any) -> None:
         self.options = options
 
-    @abstractmethod
+    def propose(self, ctx: TuningContext) -> Proposals:
+        """Yield batches of candidates; each ``yield`` returns their records, in order."""
+        raise NotImplementedError
+        yield []  # pragma: no cover  (makes this a generator for type checkers)
+
     def traverse(self, ctx: TuningContext) -> None:
-        """Propose configs via ``ctx.evaluate`` until done; StopTuning ends it early."""
+        """Sequential alternative to :meth:`propose`: call ``ctx.evaluate`` per trial."""
+        raise NotImplementedError(f"strategy {self.name!r} implements neither propose nor traverse")
+
+    @property
+    def proposes(self) -> bool:
+        """Whether this strategy implements :meth:`propose` (else :meth:`traverse`)."""
+        return type(self).propose is not Strategy.propose
+
+
+def one(
+    cfg: TuneConfig, stage: str = ""
+) -> Generator[list[Candidate], list[TrialRecord], TrialRecord]:
+    """Propose a single trial: ``record = yield from one(cfg, "default")``."""
+    records = yield [Candidate(cfg, stage)]
+    return records[0]
 
 
 def fall_back(space: TuningSpace, cfg: TuneConfig, keys: list[OpKey]) -> TuneConfig:
+    """``cfg`` with ``keys`` in their fallback precision (fp32 unless the space says)."""
     return cfg.with_ops({key: space.fallback(key) for key in keys})
 
 
@@ -82,12 +128,37 @@ def requantize(
     return cfg.with_ops(changes)
 
 
-def rank_by_sensitivity(
-    ctx: TuningContext, cfg: TuneConfig, fallback_probe: Callable[[], dict[OpKey, float]]
-) -> list[OpKey]:
-    """Tunable ops, most harmful first: by inspected error, else by a trial-based probe."""
-    errors = ctx.op_sensitivity(cfg)
-    if errors is None:
-        errors = fallback_probe()
+def improves(ctx: TuningContext, record: TrialRecord, best: TrialRecord) -> bool:
+    """Whether ``record`` is more accurate than ``best`` (failed trials never are)."""
+    if record.status != "ok":
+        return False
+    if ctx.higher_is_better:
+        return record.accuracy > best.accuracy
+    return record.accuracy < best.accuracy
+
+
+def accuracy_gain(ctx: TuningContext, record: TrialRecord, base: TrialRecord) -> float:
+    """How much more accurate ``record`` is than ``base`` (negative: worse; -inf: failed)."""
+    if record.status != "ok" or record.accuracy != record.accuracy:
+        return float("-inf")
+    gain = record.accuracy - base.accuracy
+    return gain if ctx.higher_is_better else -gain
+
+
+def ranked(ctx: TuningContext, cfg: TuneConfig, scores: dict[OpKey, float]) -> list[OpKey]:
+    """The quantized tunable ops of ``cfg``, highest score (most harmful) first."""
     tunable = [key for key in ctx.space.tunable_ops if cfg.ops[key].quantized]
-    return sorted(tunable, key=lambda key: -errors.get(key, 0.0))
+    return sorted(tunable, key=lambda key: -scores.get(key, 0.0))
+
+
+def probe_op_by_op(
+    ctx: TuningContext, cfg: TuneConfig, stage: str, keys: list[OpKey] | None = None
+) -> Generator[list[Candidate], list[TrialRecord], dict[OpKey, float]]:
+    """Fall back each op alone (one batch: parallel); an op's impact is the accuracy its
+    fallback recovers on the model's output. ``keys``: the ops to probe (default: all
+    quantized tunable ops)."""
+    base = yield from one(cfg, stage)
+    if keys is None:
+        keys = [key for key in ctx.space.tunable_ops if cfg.ops[key].quantized]
+    records = yield [Candidate(fall_back(ctx.space, cfg, [key]), stage) for key in keys]
+    return {key: accuracy_gain(ctx, record, base) for key, record in zip(keys, records)}

@@ -33,9 +33,9 @@ from lpq import (
     get_plugin_manager,
     validate_capability_file,
 )
-from lpq.capability import FrameworkCapability
-from lpq.data import OutputRecorder
-from lpq.metrics import TopK
+from lpq.eval.data import OutputRecorder
+from lpq.eval.metrics import TopK
+from lpq.plan.capability import FrameworkCapability
 
 
 class AdaptorConformance:

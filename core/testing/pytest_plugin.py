@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lpq import manager as _manager_module
-from lpq.manager import PluginManager
+from lpq.plugins import manager as _manager_module
+from lpq.plugins.manager import PluginManager
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 from lpq_onnxrt import model_io, persist
 
 FW = "onnxrt"

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 from lpq_onnxrt import model_io
 
 FW = "onnxrt"
@@ -260,7 +260,7 @@ def test_a_torch_dataloader_feeds_an_onnx_model(digits):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lpq.metrics import TopK
+    from lpq import TopK
 
     data = TensorDataset(torch.tensor(digits["eval_x"]), torch.tensor(digits["eval_y"]))
     loader = DataLoader(data, batch_size=50)

@@ -12,7 +12,7 @@ import pytest
 from onnx import numpy_helper
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 from lpq_onnxrt import ranges
 
 FW = "onnxrt"

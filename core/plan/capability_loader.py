@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from ..errors import CapabilityError
 from .capability import CapabilitySpec, QuantCapability, TensorOptions
-from .errors import CapabilityError
 
 JsonPath = tuple[str | int, ...]
 

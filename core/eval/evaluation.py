@@ -138,7 +138,7 @@ def evaluate_batches(
         done += 1
         samples += count(inputs) if count is not None else batch_size(inputs)
     if done == 0:
-        from .errors import DataError
+        from ..errors import DataError
 
         raise DataError("the evaluation dataloader yielded no batches", hint="pass non-empty data")
     return EvalResult(

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _QUANT_OPTIONS = [
     click.option("--framework", help="Adaptor to use (default: detected from the model)."),
@@ -73,7 +73,7 @@ def _with_options(options: list[Any]) -> Any:
 
 
 def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) -> Any:
-    from .config import PostTrainingQuantConfig
+    from ..config import PostTrainingQuantConfig
 
     defaults: dict[str, Any] = {}
     if kw.get("activation_dtype"):
@@ -109,7 +109,7 @@ def _model_arg(model: str) -> str:
 
 
 def _default_out(framework: str, stem: str) -> Path:
-    from .manager import get_plugin_manager
+    from ..plugins.manager import get_plugin_manager
 
     suffixes = get_plugin_manager().adaptor(framework).model_suffixes
     return Path(f"{stem}-quantized{suffixes[0] if suffixes else ''}")
@@ -124,8 +124,8 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     """Quantize MODEL with one configuration (the adaptor's defaults plus your options)."""
     from rich.console import Console
 
-    from .data import load_npz
-    from .tuner import quantize
+    from ..api import quantize
+    from ..eval.data import load_npz
 
     console = Console(highlight=False)
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
@@ -215,9 +215,9 @@ def tune_command(
     **kw: Any,
 ) -> None:
     """Find the fastest quantized MODEL whose accuracy stays within the tolerable loss."""
-    from .config import AccuracyCriterion, TuningCriterion
-    from .data import load_npz
-    from .manager import get_plugin_manager
+    from ..config import AccuracyCriterion, TuningCriterion
+    from ..eval.data import load_npz
+    from ..plugins.manager import get_plugin_manager
 
     if example:
         if model or calib or eval_data:
@@ -270,9 +270,9 @@ def _run_tuning(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from .fileio import write_json
+    from ..api import fit
+    from ..fileio import write_json
     from .report import summary_lines, trials_table, write_plot
-    from .tuner import fit
 
     console = Console(highlight=False)
     console.print(

@@ -9,6 +9,7 @@ others keep working. In strict mode (``LPQ_PLUGINS_STRICT=1``) the failure is ra
 
 from __future__ import annotations
 
+import importlib
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -17,8 +18,11 @@ from typing import Any, Literal
 
 import pluggy
 
-from . import hookspecs
-from .capability import FrameworkCapability
+from .. import hookspecs
+from ..errors import NoAdaptorError, PluginError
+from ..eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
+from ..plan.capability import FrameworkCapability
+from ..plan.tune_config import TuneConfig
 from .discovery import (
     DiscoveredEntryPoint,
     PluginRecord,
@@ -27,18 +31,11 @@ from .discovery import (
     installed_version,
     strict_mode,
 )
-from .errors import ConfigError, NoAdaptorError, PluginError
-from .evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
-from .plugin_types import AdaptorInfo, BackendProfile, Example
-from .tune_config import TuneConfig
+from .registry import Registry
+from .types import AdaptorInfo, BackendProfile, Example
 
-_REGISTRATION_HOOKS = (
-    "lpq_register_adaptors",
-    "lpq_register_strategies",
-    "lpq_register_metrics",
-    "lpq_register_backend_profiles",
-    "lpq_register_examples",
-)
+#: Module of lpq's own plugin (built-in metrics, strategies, executors).
+BUILTIN_PLUGIN = "lpq.plugins.builtin"
 
 
 class PluginManager:
@@ -54,12 +51,16 @@ class PluginManager:
         self._records: dict[str, PluginRecord] = {}
         self._loaded = False
         self._lock = threading.RLock()
-        self.adaptors: dict[str, AdaptorInfo] = {}
-        self.strategies: dict[str, Callable[..., Any]] = {}
-        self.metrics: dict[str, Callable[..., Any]] = {}
-        self.backend_profiles: dict[str, BackendProfile] = {}
-        self.examples: dict[str, Example] = {}
-        self._owners: dict[tuple[str, str], str] = {}
+        self.adaptors: Registry[AdaptorInfo] = Registry(
+            "adaptor", none_installed_hint="none (pip install lpq-onnxrt or lpq-torch)"
+        )
+        self.strategies: Registry[Callable[..., Any]] = Registry("strategy")
+        self.metrics: Registry[Callable[..., Any]] = Registry("metric")
+        self.backend_profiles: Registry[BackendProfile] = Registry("backend profile")
+        self.examples: Registry[Example] = Registry(
+            "example", none_installed_hint="none (pip install lpq-onnxrt)"
+        )
+        self.executors: Registry[Callable[..., Any]] = Registry("executor")
 
     # ------------------------------------------------------------------ loading
 
@@ -69,9 +70,10 @@ class PluginManager:
             if self._loaded:
                 return
             self._loaded = True
-            from . import _builtin
-
-            self.register(_builtin, name="lpq-builtin", record=False)
+            # lpq's own plugin is loaded by name, like every entry-point plugin: the
+            # manager depends on no strategy, metric or executor module.
+            builtin = importlib.import_module(BUILTIN_PLUGIN)
+            self.register(builtin, name="lpq-builtin", record=False)
             if self._use_entry_points:
                 for item in discover():
                     self._load_entry_point(item)
@@ -148,9 +150,8 @@ class PluginManager:
                     "distribution": info.framework_distribution,
                     "installed": installed_version(info.framework_distribution),
                 }
-                for (kind, key), owner in self._owners.items()
-                if owner == name and kind == "adaptor"
-                for info in [self.adaptors[key]]
+                for info in self.adaptors.values()
+                if self.adaptors.owner(info.framework) == name
             ]
 
     def _check_framework_parameter(self, plugin: object) -> None:
@@ -171,16 +172,8 @@ class PluginManager:
             plugin = self._pm.get_plugin(name)
             if plugin is not None:
                 self._pm.unregister(plugin)
-            for kind, key in [k for k, owner in self._owners.items() if owner == name]:
-                del self._owners[(kind, key)]
-                registries: dict[str, dict[str, Any]] = {
-                    "adaptor": self.adaptors,
-                    "strategy": self.strategies,
-                    "metric": self.metrics,
-                    "backend": self.backend_profiles,
-                    "example": self.examples,
-                }
-                registries[kind].pop(key, None)
+            for registry in self._registries():
+                registry.drop_owner(name)
             self._records.pop(name, None)
 
     def _fail(self, record: PluginRecord, message: str, hint: str, exc: BaseException) -> None:
@@ -191,39 +184,38 @@ class PluginManager:
             raise PluginError(f"plugin {record.name!r}: {message}", hint=hint or None) from exc
         record.message += "\n" + "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
-    def _run_registration_hooks(self, plugin_name: str) -> None:
-        def claim(kind: str, key: str) -> None:
-            owner = self._owners.get((kind, key))
-            if owner is not None and owner != plugin_name:
-                raise PluginError(f"{kind} {key!r} is already registered by plugin {owner!r}")
-            self._owners[(kind, key)] = plugin_name
-
-        def add_adaptor(info: AdaptorInfo) -> None:
-            claim("adaptor", info.framework)
-            self.adaptors[info.framework] = info
-
-        def add_strategy(name: str, factory: Callable[..., Any]) -> None:
-            claim("strategy", name)
-            self.strategies[name] = factory
-
-        def add_metric(name: str, factory: Callable[..., Any]) -> None:
-            claim("metric", name)
-            self.metrics[name] = factory
-
-        def add_profile(profile: BackendProfile) -> None:
-            claim("backend", profile.name)
-            self.backend_profiles[profile.name] = profile
-
-        def add_example(example: Example) -> None:
-            claim("example", example.name)
-            self.examples[example.name] = example
-
-        callbacks = dict(
-            zip(
-                _REGISTRATION_HOOKS,
-                (add_adaptor, add_strategy, add_metric, add_profile, add_example),
-            )
+    def _registries(self) -> tuple[Registry[Any], ...]:
+        return (
+            self.adaptors,
+            self.strategies,
+            self.metrics,
+            self.backend_profiles,
+            self.examples,
+            self.executors,
         )
+
+    def _run_registration_hooks(self, plugin_name: str) -> None:
+        """Call the plugin's ``lpq_register_*`` hooks with callbacks into the registries."""
+        callbacks: dict[str, Callable[..., None]] = {
+            "lpq_register_adaptors": lambda info: self.adaptors.add(
+                info.framework, info, plugin_name
+            ),
+            "lpq_register_strategies": lambda name, factory: self.strategies.add(
+                name, factory, plugin_name
+            ),
+            "lpq_register_metrics": lambda name, factory: self.metrics.add(
+                name, factory, plugin_name
+            ),
+            "lpq_register_backend_profiles": lambda profile: self.backend_profiles.add(
+                profile.name, profile, plugin_name
+            ),
+            "lpq_register_examples": lambda example: self.examples.add(
+                example.name, example, plugin_name
+            ),
+            "lpq_register_executors": lambda name, factory: self.executors.add(
+                name, factory, plugin_name
+            ),
+        }
         for hook_name, callback in callbacks.items():
             for impl in getattr(self._pm.hook, hook_name).get_hookimpls():
                 if impl.plugin_name == plugin_name:
@@ -256,35 +248,24 @@ class PluginManager:
 
     def create_metric(self, name: str, **kwargs: Any) -> Metric:
         self.load()
-        if name not in self.metrics:
-            raise ConfigError(
-                f"unknown metric {name!r}", hint=f"choose one of: {', '.join(sorted(self.metrics))}"
-            )
-        metric: Metric = self.metrics[name](**kwargs)
+        metric: Metric = self.metrics.get_or_raise(name)(**kwargs)
         return metric
 
     def create_strategy(self, name: str, **kwargs: Any) -> Any:
         self.load()
-        if name not in self.strategies:
-            raise ConfigError(
-                f"unknown strategy {name!r}",
-                hint=f"choose one of: {', '.join(sorted(self.strategies))}",
-            )
-        return self.strategies[name](**kwargs)
+        return self.strategies.get_or_raise(name)(**kwargs)
+
+    def create_executor(self, name: str, **kwargs: Any) -> Any:
+        self.load()
+        return self.executors.get_or_raise(name)(**kwargs)
 
     def backend_profile(self, name: str) -> BackendProfile:
         self.load()
-        if name not in self.backend_profiles:
-            known = ", ".join(sorted(self.backend_profiles)) or "none installed"
-            raise ConfigError(f"unknown backend profile {name!r}", hint=f"choose one of: {known}")
-        return self.backend_profiles[name]
+        return self.backend_profiles.get_or_raise(name)
 
     def example(self, name: str) -> Example:
         self.load()
-        if name not in self.examples:
-            known = ", ".join(sorted(self.examples)) or "none (pip install lpq-onnxrt)"
-            raise ConfigError(f"unknown example {name!r}", hint=f"available examples: {known}")
-        return self.examples[name]
+        return self.examples.get_or_raise(name)
 
     # ------------------------------------------------------------------ per-framework hooks
 

@@ -15,7 +15,7 @@ from importlib import metadata
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from ._version import __version__ as CORE_VERSION
+from .._version import __version__ as CORE_VERSION
 
 ENTRY_POINT_GROUP = "lpq"
 CORE_DISTRIBUTION = "lpq-core"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from ..errors import DataError
 
 
 def split_batch(item: Any) -> tuple[Any, Any]:

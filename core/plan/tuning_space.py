@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import PostTrainingQuantConfig
+from ..errors import ConfigError
 from .capability import FrameworkCapability
-from .config import PostTrainingQuantConfig
-from .errors import ConfigError
 from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 
 _MODE_ORDER = {"static": 0, "dynamic": 1, "weight_only": 2, "qat": 3}

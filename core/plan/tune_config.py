@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: Precisions an op can be left in instead of being quantized.
 FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")

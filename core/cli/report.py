@@ -7,8 +7,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .fileio import atomic_write
-from .trial import TrialRecord
+from ..fileio import atomic_write
+from ..tuning.records import TrialRecord
 
 
 def _fmt(value: float | None, spec: str = ".4f", missing: str = "-") -> str:

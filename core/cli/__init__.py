@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from ._version import __version__
-from .errors import LpqError
+from .._version import __version__
+from ..errors import LpqError
 
 
 def _console(stderr: bool = False) -> Any:
@@ -24,7 +24,7 @@ def _console(stderr: bool = False) -> Any:
 
 
 def _version_text() -> str:
-    from .manager import get_plugin_manager
+    from ..plugins.manager import get_plugin_manager
 
     lines = [f"lpq-core {__version__}"]
     for record in get_plugin_manager().records():
@@ -75,7 +75,7 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
     Statuses: ok, disabled (LPQ_LOAD_PLUGINS / LPQ_DISABLE_PLUGINS), incompatible
     (needs another lpq-core), error (failed to import or validate; see the message).
     """
-    from .manager import get_plugin_manager
+    from ..plugins.manager import get_plugin_manager
 
     records = get_plugin_manager().records()
     if as_json:
@@ -156,7 +156,7 @@ def capability() -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def capability_validate(files: tuple[str, ...]) -> None:
     """Validate capability YAML FILES against lpq's schema."""
-    from .capability_loader import validate_capability_file
+    from ..plan.capability_loader import validate_capability_file
 
     failed = 0
     for file in files:
@@ -179,9 +179,9 @@ def capability_validate(files: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def capability_show(framework: str, framework_version: str | None, as_json: bool) -> None:
     """Show what FRAMEWORK's adaptor can quantize for the installed framework version."""
-    from .capability_loader import load_capability
-    from .discovery import installed_version
-    from .manager import get_plugin_manager
+    from ..plan.capability_loader import load_capability
+    from ..plugins.discovery import installed_version
+    from ..plugins.manager import get_plugin_manager
 
     info = get_plugin_manager().adaptor(framework)
     version = framework_version or installed_version(info.framework_distribution)
@@ -246,7 +246,7 @@ def _options_text(options: Any) -> str:
 
 
 def _register_tuning_commands() -> None:
-    from .cli_tuning import quantize_command, tune_command
+    from .tuning import quantize_command, tune_command
 
     cli.add_command(quantize_command)
     cli.add_command(tune_command)

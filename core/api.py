@@ -1,0 +1,349 @@
+"""The Python API: ``fit`` (tune) and ``quantize`` (one config), and what they return.
+
+Only wiring lives here: resolve the framework, the metric and the data, build the
+tuning space (:mod:`lpq.plan`), then hand a :class:`~lpq.tuning.driver.TuningDriver`
+the strategy and an executor (:mod:`lpq.tuning`). Every trial is written to the history
+as it finishes; re-running resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import PostTrainingQuantConfig
+from .errors import ConfigError, TuningError
+from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, split_batch
+from .eval.evaluation import Metric, Postprocess
+from .plan.tune_config import TuneConfig
+from .plan.tuning_space import TuningSpace, build_tuning_space
+from .plugins.manager import PluginManager, get_plugin_manager
+from .tuning.driver import TrialCallback, TuningDriver
+from .tuning.executors import create_executor
+from .tuning.history import TuningHistory
+from .tuning.records import TrialRecord
+from .tuning.run_key import data_fingerprint, model_fingerprint, run_key
+from .tuning.runner import Evaluation, TrialRunner, model_size
+
+logger = logging.getLogger("lpq")
+
+
+@dataclass
+class QuantizedModel:
+    """A quantized model with the tune_cfg that produced it."""
+
+    model: Any
+    framework: str
+    tune_cfg: TuneConfig
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model through its adaptor (atomically, with its tune_cfg)."""
+        return get_plugin_manager().save_model(self.framework, self.model, path)
+
+
+@dataclass
+class TuningResult(QuantizedModel):
+    """What ``fit`` returns: the chosen model and everything measured on the way."""
+
+    baseline: TrialRecord = field(default_factory=lambda: TrialRecord(-1, "fp32", None))
+    best: TrialRecord = field(default_factory=lambda: TrialRecord(-1, "", None))
+    trials: list[TrialRecord] = field(default_factory=list)
+    goal_met: bool = False
+    metric: str = ""
+    higher_is_better: bool = True
+    objective: str = "performance"
+    history_path: Path | None = None
+    stop_reason: str = ""
+
+    @property
+    def accuracy(self) -> float:
+        return self.best.accuracy
+
+    def summary(self) -> dict[str, Any]:
+        base, best = self.baseline, self.best
+        speedup = base.latency_ms / best.latency_ms if base.latency_ms and best.latency_ms else None
+        size_ratio = (
+            base.size_bytes / best.size_bytes if base.size_bytes and best.size_bytes else None
+        )
+        relative_loss = (
+            (base.accuracy - best.accuracy) / abs(base.accuracy) if base.accuracy else None
+        )
+        if relative_loss is not None and not self.higher_is_better:
+            relative_loss = -relative_loss
+        return {
+            "framework": self.framework,
+            "metric": self.metric,
+            "goal_met": self.goal_met,
+            "stop_reason": self.stop_reason,
+            "baseline_accuracy": base.accuracy,
+            "final_accuracy": best.accuracy,
+            "relative_accuracy_loss": relative_loss,
+            "baseline_latency_ms": base.latency_ms,
+            "final_latency_ms": best.latency_ms,
+            "latency_speedup": speedup,
+            "baseline_size_bytes": base.size_bytes,
+            "final_size_bytes": best.size_bytes,
+            "size_reduction": size_ratio,
+            "trials": len(self.trials),
+            "best_trial": best.index,
+            "quantized_ops": best.quantized_ops,
+            "fallback_ops": best.fallback_ops,
+            "op_counts_from": best.counts_from,
+            "history": str(self.history_path) if self.history_path else None,
+        }
+
+
+def _tuning_space(
+    pm: PluginManager, conf: PostTrainingQuantConfig, framework: str, model: Any, calib: Any
+) -> TuningSpace:
+    """Query the adaptor's capability, apply the backend profile, build the space.
+
+    A backend profile's options go into every tune_cfg; its capability file, if any,
+    replaces the adaptor's YAML for the ops the adaptor reported.
+    """
+    options: dict[str, Any] = {}
+    profile = None
+    if conf.backend:
+        profile = pm.backend_profile(conf.backend)
+        if profile.framework != framework:
+            raise ConfigError(
+                f"backend profile {conf.backend!r} is for {profile.framework}, "
+                f"but the model is a {framework} model"
+            )
+        options.update(profile.options)
+    capability = pm.query_capability(framework, model, calib, options)
+    if profile is not None and profile.capability_file is not None:
+        from .plan.capability_loader import load_capability
+
+        spec = load_capability(profile.capability_file, framework, capability.framework_version)
+        capability = spec.build(list(capability.opwise), capability.framework_version)
+    return build_tuning_space(
+        capability, conf, has_calib_data=calib is not None, extra_options=options
+    )
+
+
+def _require_reiterable(name: str, loader: Any) -> None:
+    if loader is not None and iter(loader) is loader:
+        raise ConfigError(
+            f"the {name} is a one-shot iterator (e.g. a generator); tuning reads it many times",
+            hint="pass a list, a numpy array, lpq.ArrayLoader or a framework DataLoader",
+        )
+
+
+def _resolve_metric(pm: PluginManager, metric: str | Metric | None, has_labels: bool) -> Metric:
+    if metric is None:
+        metric = "top1" if has_labels else "agreement"
+    if isinstance(metric, str):
+        return pm.create_metric(metric)
+    if not isinstance(metric, Metric):
+        raise ConfigError(
+            f"eval_metric must be a metric name or an object with name, higher_is_better, "
+            f"reset, update and result; got {type(metric).__name__}"
+        )
+    return metric
+
+
+def fit(
+    model: Any,
+    conf: PostTrainingQuantConfig | None = None,
+    calib_dataloader: Any = None,
+    eval_func: Callable[[Any], float] | None = None,
+    eval_dataloader: Any = None,
+    eval_metric: str | Metric | None = None,
+    *,
+    postprocess: Postprocess | None = None,
+    train_func: Callable[[Any], Any] | None = None,
+    eval_iterations: int | None = None,
+    workspace: str | Path = "lpq-workspace",
+    on_trial: TrialCallback | None = None,
+) -> TuningResult:
+    """Tune the quantization of ``model`` until the accuracy goal is met.
+
+    :param model: an fp32 model object or a path the installed adaptors recognise.
+    :param conf: what to quantize, the accuracy / tuning criteria, and how many trials
+        run at once (``conf.tuning_criterion.workers`` / ``executor``).
+    :param calib_dataloader: calibration data: an iterable of inputs or (inputs, labels),
+        a numpy array, or a framework dataloader.
+    :param eval_func: ``eval_func(model) -> float``: the user's own accuracy measurement.
+    :param eval_dataloader: evaluation data, scored by ``eval_metric`` (a name such as
+        ``top1``, ``f1``, ``mse``, or a :class:`lpq.Metric`). Without labels the metric
+        compares with the fp32 model's outputs.
+    :param workspace: folder for the history; a re-run with the same inputs resumes.
+    :return: a :class:`TuningResult`; never ``None``, also when the goal is not met.
+    """
+    conf = conf or PostTrainingQuantConfig()
+    pm = get_plugin_manager()
+    calib = as_dataloader(calib_dataloader)
+    evaluation_data = as_dataloader(eval_dataloader)
+    _require_reiterable("calibration dataloader", calib)
+    _require_reiterable("evaluation dataloader", evaluation_data)
+    if eval_func is None and evaluation_data is None:
+        raise ConfigError(
+            "tuning needs a way to measure accuracy",
+            hint="pass eval_func=... or eval_dataloader=... (or use lpq.quantize for one "
+            "configuration without tuning)",
+        )
+    framework = conf.framework or pm.detect_framework(model)
+
+    # Evaluation: labels from the data, or the fp32 model's outputs as reference.
+    metric: Metric | None = None
+    if eval_func is None:
+        assert evaluation_data is not None
+        first = next(iter(evaluation_data), None)
+        if first is None:
+            raise ConfigError("the evaluation dataloader is empty", hint="pass non-empty data")
+        has_labels = split_batch(first)[1] is not None
+        metric = _resolve_metric(pm, eval_metric, has_labels)
+        if not has_labels:
+            recorder = OutputRecorder()
+            pm.evaluate(framework, model, evaluation_data, [recorder], iteration=eval_iterations)
+            evaluation_data = ReferenceLoader(evaluation_data, recorder.outputs)
+    higher_is_better = conf.accuracy_criterion.higher_is_better
+    if higher_is_better is None:
+        higher_is_better = metric.higher_is_better if metric is not None else True
+    criterion = conf.tuning_criterion
+    evaluation = Evaluation(
+        framework,
+        eval_func=eval_func,
+        dataloader=evaluation_data,
+        metric=metric,
+        postprocess=postprocess,
+        iteration=eval_iterations,
+        latency_dataloader=calib if calib is not None else evaluation_data,
+        measure_footprint=criterion.objective == "footprint",
+    )
+
+    space = _tuning_space(pm, conf, framework, model, calib)
+    if not space.tunable_ops and not space.forced:
+        raise TuningError(
+            f"the {framework} adaptor found nothing to quantize in this model",
+            hint=f"`lpq capability show {framework}` lists the op types it can quantize",
+        )
+    runner = TrialRunner(
+        framework,
+        model,
+        calib,
+        evaluation,
+        measure_size=criterion.objective == "modelsize",
+        train_func=train_func,
+    )
+    executor = create_executor(criterion.executor, criterion.workers, criterion.executor_options)
+    try:
+        executor.start(runner)
+        baseline = executor.baseline()
+        logger.info(
+            "fp32 baseline: %s = %.4f", metric.name if metric else "accuracy", baseline.accuracy
+        )
+        key = run_key(
+            {
+                "framework": framework,
+                "model": model_fingerprint(model, space.ops),
+                # In-memory models have no file to hash: a retrained model with the same
+                # ops almost always scores differently, so the baseline tells them apart.
+                "baseline": repr(baseline.accuracy),
+                "config": conf.search_json(),
+                "calib": data_fingerprint(calib),
+                "eval": data_fingerprint(evaluation_data) if eval_func is None else "eval_func",
+                "metric": metric.name if metric else None,
+            }
+        )
+        history = TuningHistory(
+            workspace,
+            key,
+            {
+                "framework": framework,
+                "model": str(model) if isinstance(model, str | Path) else type(model).__qualname__,
+                "config": conf.to_json(),
+                "metric": metric.name if metric else "eval_func",
+            },
+        )
+        history.baseline = baseline
+        history.write()
+        strategy = pm.create_strategy(criterion.strategy, **criterion.strategy_options)
+        driver = TuningDriver(
+            space=space,
+            runner=runner,
+            executor=executor,
+            history=history,
+            config=conf,
+            baseline=baseline,
+            higher_is_better=higher_is_better,
+            first_hit=criterion.exit_policy == "first_hit" and strategy.honours_first_hit,
+            sensitivity_data=calib or evaluation_data,
+            on_trial=on_trial,
+        )
+        driver.run(strategy)
+    finally:
+        executor.close()
+    return _finish(driver, framework, metric, conf, history)
+
+
+def _finish(
+    driver: TuningDriver,
+    framework: str,
+    metric: Metric | None,
+    conf: PostTrainingQuantConfig,
+    history: TuningHistory,
+) -> TuningResult:
+    chosen = driver.best or driver.best_any
+    trials = history.ordered()
+    if chosen is None:
+        errors = [t.error for t in trials if t.error]
+        raise TuningError(
+            f"no trial produced a usable model ({len(trials)} tried)"
+            + (f"; last error: {errors[-1]}" if errors else ""),
+            hint=f"each trial's error and traceback are in {history.path}",
+        )
+    model = driver.chosen_model(chosen)
+    if chosen.size_bytes is None:
+        chosen.size_bytes = model_size(framework, model)
+    goal_met = driver.best is not None
+    stop_reason = driver.stop_reason
+    if not goal_met:
+        stop_reason += (
+            "; no configuration met the accuracy goal: returning the most accurate candidate"
+        )
+    history.write(
+        finished=True, best_trial=chosen.index, goal_met=goal_met, stop_reason=stop_reason
+    )
+    cfg = chosen.config()
+    assert cfg is not None
+    return TuningResult(
+        model=model,
+        framework=framework,
+        tune_cfg=cfg,
+        baseline=driver.baseline,
+        best=chosen,
+        trials=trials,
+        goal_met=goal_met,
+        metric=metric.name if metric else "eval_func",
+        higher_is_better=driver.higher_is_better,
+        objective=conf.tuning_criterion.objective,
+        history_path=history.path,
+        stop_reason=stop_reason,
+    )
+
+
+def quantize(
+    model: Any,
+    conf: PostTrainingQuantConfig | None = None,
+    calib_dataloader: Any = None,
+    *,
+    tune_cfg: TuneConfig | None = None,
+) -> QuantizedModel:
+    """Quantize ``model`` once, with the default choice for every op (no tuning).
+
+    Overrides, approach and excluded precisions from ``conf`` apply; pass ``tune_cfg`` to
+    apply an exact configuration instead (e.g. one from a tuning history).
+    """
+    conf = conf or PostTrainingQuantConfig()
+    pm = get_plugin_manager()
+    calib = as_dataloader(calib_dataloader)
+    framework = conf.framework or pm.detect_framework(model)
+    if tune_cfg is None:
+        tune_cfg = _tuning_space(pm, conf, framework, model, calib).default()
+    result = pm.quantize(framework, model, tune_cfg, calib)
+    return QuantizedModel(model=result, framework=framework, tune_cfg=tune_cfg)

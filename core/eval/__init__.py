@@ -1,0 +1,1 @@
+"""Measuring a model: data handling, metrics, evaluation loops and latency."""

@@ -1,0 +1,1 @@
+"""Finding, loading and calling plugins: discovery, the registries, the typed facade."""

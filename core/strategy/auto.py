@@ -1,0 +1,230 @@
+"""``auto`` (the default): meet the goal in few trials, then improve the objective.
+
+1. The default config.
+2. Each other calibration algorithm the space allows (clipping calibrations such as kl
+   or percentile rescue outlier-heavy activations with every op still quantized).
+3. One trial falling back the few ops whose inspected error (``lpq_inspect_tensor``, no
+   trial spent) stands out: damage concentrated in a handful of ops ends here.
+4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage
+   sits in one op type (e.g. its Add or Softmax ops) is fixed here in one step; if no
+   single type is enough, fall back types cumulatively, most harmful first.
+5. **Op-wise, by effect on the output**: the ops with the largest inspected error are
+   only *candidates*; falling back each alone (one batch) measures what it really does
+   to the model's output, and ops are fallen back in that order. A fallback that makes
+   accuracy worse is backed out and the op is kept quantized, so growing fallback sets
+   cannot collapse accuracy. Error is re-measured after each step: once a culprit's
+   damage is gone, one further down the graph becomes visible.
+6. With ``exit_policy="best"`` and budget left: win back fallen ops greedily and try the
+   other options of each op type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import replace
+
+from ..plan.tune_config import OpKey, TuneConfig
+from ..plan.tuning_space import TuningSpace
+from ..tuning.records import TrialRecord
+from .base import (
+    Candidate,
+    Proposals,
+    Strategy,
+    TuningContext,
+    accuracy_gain,
+    fall_back,
+    improves,
+    one,
+    probe_op_by_op,
+    ranked,
+    requantize,
+)
+
+#: A sub-walk: yields batches, returns what it found.
+Walk = Generator[list[Candidate], list[TrialRecord], "Found | None"]
+Found = tuple[TuneConfig, TrialRecord, list[OpKey]]
+
+
+class AutoStrategy(Strategy):
+    name = "auto"
+    #: How many of the worst ops (by inspected error) are verified on the output per step.
+    verify_top = 4
+    #: First step: ops scoring at least this fraction of the worst score fall back
+    #: together, at most this fraction of the tunable ops (at least one).
+    group_ratio = 0.3
+    group_fraction = 0.1
+
+    def propose(self, ctx: TuningContext) -> Proposals:
+        space = ctx.space
+        cfg = space.default()
+        record = yield from one(cfg, "default")
+        fallen: list[OpKey] = []
+        if not ctx.meets_goal(record):
+            cfg, record = yield from self._calibrations(ctx, cfg, record)
+        for stage in (self._worst_by_error, self._op_types, self._ops):
+            if ctx.meets_goal(record):
+                break
+            found = yield from stage(ctx, cfg, record, fallen)
+            if found is not None:
+                cfg, record, fallen = found
+        if ctx.meets_goal(record):
+            yield from self._requantize_greedily(ctx, cfg, fallen)
+        yield from self._try_variants(ctx, cfg)
+
+    # ------------------------------------------------------------------ stages
+
+    def _calibrations(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
+    ) -> Generator[list[Candidate], list[TrialRecord], tuple[TuneConfig, TrialRecord]]:
+        variants = calibration_variants(ctx.space, cfg)
+        if not variants:
+            return cfg, record
+        records = yield [Candidate(c, f"calibrate with {name}") for name, c in variants]
+        for (_, candidate), tried in zip(variants, records):
+            if ctx.meets_goal(tried) and not ctx.meets_goal(record):
+                return candidate, tried
+            if improves(ctx, tried, record):
+                cfg, record = candidate, tried
+        return cfg, record
+
+    def _worst_by_error(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord, fallen: list[OpKey]
+    ) -> Walk:
+        """One trial: fall back the few ops whose inspected error stands out. Damage
+        concentrated in a handful of ops is fixed here, keeping every other op int8."""
+        scores = ctx.op_sensitivity(cfg)
+        if not scores:
+            return None
+        order = ranked(ctx, cfg, scores)
+        top = scores[order[0]]
+        cap = max(1, math.ceil(self.group_fraction * len(ctx.space.tunable_ops)))
+        group = [k for k in order if scores[k] >= self.group_ratio * top][:cap]
+        if len(group) >= len(order):
+            group = group[:-1]  # all-fp32 is the baseline, not an answer
+        if not group:
+            return None
+        candidate = fall_back(ctx.space, cfg, group)
+        tried = yield from one(candidate, f"fallback {len(fallen) + len(group)} by error")
+        if ctx.meets_goal(tried) or improves(ctx, tried, record):
+            return candidate, tried, fallen + group
+        return None
+
+    def _op_types(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord, fallen: list[OpKey]
+    ) -> Walk:
+        space = ctx.space
+        keys_of = {
+            t: [k for k in space.tunable_ops if k[1] == t and cfg.ops[k].quantized]
+            for t in space.op_types()
+        }
+        types = [t for t, keys in keys_of.items() if keys]
+        if len(types) < 2:
+            return None
+        singles = [fall_back(space, cfg, keys_of[t]) for t in types]
+        records = yield [Candidate(c, f"fallback op type {t}") for t, c in zip(types, singles)]
+        meeting = [i for i, r in enumerate(records) if ctx.meets_goal(r)]
+        if meeting:
+            best = meeting[0]
+            for i in meeting[1:]:
+                if ctx.better(records[i], records[best]):
+                    best = i
+            return singles[best], records[best], fallen + keys_of[types[best]]
+        gain = {t: accuracy_gain(ctx, r, record) for t, r in zip(types, records)}
+        order = sorted((t for t in types if gain[t] > 0), key=lambda t: -gain[t])
+        current, current_record, current_fallen = cfg, record, list(fallen)
+        for t in order[: len(types) - 1]:  # all-fp32 is the baseline, not an answer
+            candidate = fall_back(space, current, keys_of[t])
+            tried = yield from one(candidate, f"fallback op types to {t}")
+            if ctx.meets_goal(tried):
+                return candidate, tried, current_fallen + keys_of[t]
+            if improves(ctx, tried, current_record):
+                current, current_record = candidate, tried
+                current_fallen = current_fallen + keys_of[t]
+        if current is cfg:
+            return None
+        return current, current_record, current_fallen
+
+    def _ops(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord, fallen: list[OpKey]
+    ) -> Walk:
+        space = ctx.space
+        fallen = list(fallen)
+        kept: set[OpKey] = set()  # ops whose fallback did not help: stay quantized
+        while True:
+            quantized = [k for k in space.tunable_ops if cfg.ops[k].quantized]
+            open_ops = [k for k in quantized if k not in kept]
+            if len(quantized) <= 1 or not open_ops:
+                return (cfg, record, fallen) if fallen else None
+            scores = ctx.op_sensitivity(cfg)
+            if scores is None:  # no inspection: verify every open op on the output
+                top = open_ops
+            else:
+                top = [k for k in ranked(ctx, cfg, scores) if k not in kept][: self.verify_top]
+            impact = yield from probe_op_by_op(ctx, cfg, "probe ops on the output", top)
+            helpful = sorted((k for k in top if impact[k] > 0), key=lambda k: -impact[k])
+            kept.update(k for k in top if impact[k] <= 0)
+            for key in helpful:
+                if sum(1 for k in space.tunable_ops if cfg.ops[k].quantized) <= 1:
+                    break
+                candidate = fall_back(space, cfg, [key])
+                tried = yield from one(candidate, f"fallback {len(fallen) + 1} by output effect")
+                if ctx.meets_goal(tried):
+                    return candidate, tried, [*fallen, key]
+                if improves(ctx, tried, record):
+                    cfg, record = candidate, tried
+                    fallen.append(key)
+                else:
+                    kept.add(key)  # together with the others it hurts: back it out
+
+    def _requantize_greedily(
+        self, ctx: TuningContext, cfg: TuneConfig, fallen: list[OpKey]
+    ) -> Proposals:
+        reference = ctx.space.default()
+        for key in reversed(fallen):
+            candidate = requantize(ctx.space, cfg, [key], reference)
+            if ctx.meets_goal((yield from one(candidate, f"requantize {key[0]}"))):
+                cfg = candidate
+
+    def _try_variants(self, ctx: TuningContext, fallback_cfg: TuneConfig) -> Proposals:
+        """Other options per op type, from the best config (or the current one)."""
+        best = ctx.best
+        cfg = best.config() if best is not None and best.tune_cfg is not None else fallback_cfg
+        assert cfg is not None
+        candidates = []
+        for op_type in ctx.space.op_types():
+            keys = [k for k in ctx.space.tunable_ops if k[1] == op_type and cfg.ops[k].quantized]
+            if keys:
+                for variant in ctx.space.op_type_variants(op_type)[1:4]:
+                    candidates.append(
+                        Candidate(cfg.with_ops(dict.fromkeys(keys, variant)), f"op-type {op_type}")
+                    )
+        if candidates:
+            yield candidates
+
+
+def calibration_variants(space: TuningSpace, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
+    """``cfg`` with every op's activation algorithm switched to each other algorithm the
+    space allows (ops that don't allow it keep theirs)."""
+    current = {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
+    algorithms = dict.fromkeys(
+        choice.activation.algorithm
+        for key in space.tunable_ops
+        for choice in space.choices[key]
+        if choice.quantized and choice.activation is not None
+    )
+    variants = []
+    for algorithm in algorithms:
+        if algorithm in current:
+            continue
+        changes = {}
+        for key in space.tunable_ops:
+            op = cfg.ops[key]
+            if not op.quantized or op.activation is None:
+                continue
+            wanted = replace(op, activation=replace(op.activation, algorithm=algorithm))
+            if wanted in space.choices[key]:
+                changes[key] = wanted
+        if changes:
+            variants.append((algorithm, cfg.with_ops(changes)))
+    return variants

@@ -1,0 +1,1 @@
+"""Running the tuning loop: trials, executors, history and resume, sensitivity ranking."""

@@ -1,0 +1,258 @@
+"""The tuning driver: runs a strategy's proposals through an executor, keeps the score.
+
+It is the strategy's :class:`~lpq.strategy.TuningContext`. For each proposed batch it
+replays trials that already finished (this run or an earlier, interrupted one), gives
+new trials their ids in proposal order, enforces the budget, hands the new trials to the
+executor (a batch of one runs right here, keeping its model), and records every outcome
+in the history the moment it arrives. It alone writes the history.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import PostTrainingQuantConfig
+from ..plan.tune_config import OpKey, TuneConfig
+from ..plan.tuning_space import TuningSpace
+from ..strategy.base import Candidate, StopTuning, Strategy, TuningContext
+from .executors import Executor, TrialOutcome
+from .history import TuningHistory
+from .records import TrialRecord
+from .runner import TrialRunner, TrialSpec
+from .sensitivity import SensitivityProbe
+
+logger = logging.getLogger("lpq")
+
+#: A candidate is "slower than fp32" only beyond this fraction plus this many ms: timing
+#: noise on a busy machine (and on sub-millisecond models) must not turn a tie into a
+#: verdict.
+LATENCY_NOISE = 0.05
+LATENCY_FLOOR_MS = 0.05
+
+#: Called after every trial with the record (for progress display).
+TrialCallback = Callable[[TrialRecord], None]
+
+
+class TuningDriver(TuningContext):
+    """One tuning run: the context strategies see, and the loop that feeds executors."""
+
+    def __init__(
+        self,
+        *,
+        space: TuningSpace,
+        runner: TrialRunner,
+        executor: Executor,
+        history: TuningHistory,
+        config: PostTrainingQuantConfig,
+        baseline: TrialRecord,
+        higher_is_better: bool,
+        first_hit: bool,
+        sensitivity_data: Any,
+        on_trial: TrialCallback | None,
+    ) -> None:
+        self.space = space
+        self.runner = runner
+        self.executor = executor
+        self.history = history
+        self.config = config
+        self.baseline = baseline
+        self.higher_is_better = higher_is_better
+        self.first_hit = first_hit
+        self.rng = random.Random(config.tuning_criterion.seed)
+        self.on_trial = on_trial
+        self.by_fingerprint: dict[str, TrialRecord] = {}
+        self.models: dict[str, Any] = {}
+        self._best: TrialRecord | None = None
+        self.best_any: TrialRecord | None = None
+        self.started = time.monotonic()
+        self.stop_reason = "search space exhausted"
+        self.used = 0  # trials this walk has spent, replayed ones included
+        self._next_index = history.next_index()
+        #: The latest trial's model, so inspecting the config just tried re-quantizes nothing.
+        self._last_model: tuple[str, Any] = ("", None)
+        self.sensitivity = SensitivityProbe(
+            runner.framework, runner.model, space, sensitivity_data, self._model_for
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, strategy: Strategy) -> None:
+        """Walk ``strategy`` to its end or until the exit policy stops it."""
+        try:
+            if not strategy.proposes:
+                strategy.traverse(self)
+                return
+            proposals = strategy.propose(self)
+            batch = next(proposals)
+            while True:
+                batch = proposals.send(self.run_batch(batch))
+        except (StopIteration, StopTuning):
+            return
+
+    def evaluate(self, cfg: TuneConfig, stage: str = "") -> TrialRecord:
+        return self.run_batch([Candidate(cfg, stage)])[0]
+
+    def run_batch(self, batch: list[Candidate]) -> list[TrialRecord]:
+        """Resolve every candidate to a record (replayed, skipped or run), in order."""
+        criterion = self.config.tuning_criterion
+        if criterion.timeout and time.monotonic() - self.started > criterion.timeout:
+            self._stop(f"timeout ({criterion.timeout:g} s) reached")
+        results: list[TrialRecord | None] = []
+        to_run: list[TrialSpec] = []
+        budget_cut = False
+        for candidate in batch:
+            cfg = candidate.cfg
+            fingerprint = cfg.fingerprint()
+            known = self.by_fingerprint.get(fingerprint)
+            if known is not None:
+                results.append(known)
+            elif not cfg.quantized_ops():
+                results.append(self._skipped(cfg, candidate.stage))
+            elif self.used >= criterion.max_trials:
+                budget_cut = True
+                results.append(None)
+            else:
+                self.used += 1
+                previous = self.history.finished(fingerprint)
+                if previous is not None:
+                    self._record(previous, None, replayed=True)
+                    results.append(previous)
+                else:
+                    spec = TrialSpec(self._next_index, cfg.to_json(), candidate.stage)
+                    self._next_index += 1
+                    to_run.append(spec)
+                    results.append(None)
+        for outcome in self._execute(to_run):
+            self._record(outcome.record, outcome.model)
+        final = [
+            r if r is not None else self.by_fingerprint.get(c.cfg.fingerprint())
+            for r, c in zip(results, batch)
+        ]
+        if budget_cut:
+            self._stop(f"max trials ({criterion.max_trials}) reached")
+        if self.first_hit and any(r is not None and r.meets_goal for r in final):
+            self._stop("accuracy goal met")
+        return [r for r in final if r is not None]
+
+    def _execute(self, specs: list[TrialSpec]) -> list[TrialOutcome] | Any:
+        if not specs:
+            return []
+        if len(specs) == 1:  # nothing to overlap with: run here and keep the model
+            record, model = self.runner.run(specs[0])
+            return [TrialOutcome(specs[0], record, model)]
+        return self.executor.run(specs)
+
+    def _stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        raise StopTuning(reason)
+
+    def _skipped(self, cfg: TuneConfig, stage: str) -> TrialRecord:
+        # Every op in fp32 is the baseline itself, not a candidate: never "meets" the
+        # goal, costs no trial, and is not written to the history.
+        skipped = TrialRecord(
+            index=-1,
+            fingerprint=cfg.fingerprint(),
+            tune_cfg=cfg.to_json(),
+            stage=stage,
+            status="skipped",
+            error="every op would stay in fp32 (the baseline)",
+            fallback_ops=len(cfg.fallback_ops()),
+        )
+        self.by_fingerprint[skipped.fingerprint] = skipped
+        return skipped
+
+    def _record(self, record: TrialRecord, model: Any, *, replayed: bool = False) -> None:
+        if not replayed:  # a replayed trial keeps its verdict: latency noise must not flip it
+            record.meets_goal = self._meets(record)
+            self.history.add(record)
+        self.by_fingerprint[record.fingerprint] = record
+        if model is not None:
+            self._last_model = (record.fingerprint, model)
+        self._track(record, model)
+        if self.on_trial is not None:
+            self.on_trial(record)
+
+    def _meets(self, record: TrialRecord) -> bool:
+        """Accuracy within tolerance and, for the performance objective, not slower than
+        fp32: a slower "quantized" model is no answer to a speed goal."""
+        if record.status != "ok" or not self.config.accuracy_criterion.meets(
+            self.baseline.accuracy, record.accuracy, self.higher_is_better
+        ):
+            return False
+        if self.config.tuning_criterion.objective == "performance":
+            base, got = self.baseline.latency_ms, record.latency_ms
+            if (
+                base is not None
+                and got is not None
+                and got > base * (1 + LATENCY_NOISE) + LATENCY_FLOOR_MS
+            ):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ best so far
+
+    def _track(self, record: TrialRecord, model: Any) -> None:
+        if record.status != "ok":
+            return
+        if record.meets_goal and self.better(record, self._best):
+            self._keep(record, model, self._best)
+            self._best = record
+        if self.best_any is None or self._more_accurate(record, self.best_any):
+            self._keep(record, model, self.best_any)
+            self.best_any = record
+
+    def _keep(self, record: TrialRecord, model: Any, replaced: TrialRecord | None) -> None:
+        if model is not None:
+            self.models[record.fingerprint] = model
+        keep = {r.fingerprint for r in (record, self._best, self.best_any) if r is not None}
+        if replaced is not None and replaced.fingerprint not in keep:
+            self.models.pop(replaced.fingerprint, None)
+
+    def _more_accurate(self, a: TrialRecord, b: TrialRecord) -> bool:
+        return a.accuracy > b.accuracy if self.higher_is_better else a.accuracy < b.accuracy
+
+    def meets_goal(self, record: TrialRecord) -> bool:
+        return record.meets_goal
+
+    def better(self, a: TrialRecord, b: TrialRecord | None) -> bool:
+        if b is None:
+            return True
+        objective = self.config.tuning_criterion.objective
+        value = {
+            "performance": lambda r: r.latency_ms,
+            "modelsize": lambda r: r.size_bytes,
+            "footprint": lambda r: r.footprint_bytes,
+        }[objective]
+        va, vb = value(a), value(b)
+        if va is not None and vb is not None and va != vb:
+            return bool(va < vb)
+        # No measurement to compare: more quantized ops, then higher accuracy, wins.
+        if a.quantized_ops != b.quantized_ops:
+            return a.quantized_ops > b.quantized_ops
+        return self._more_accurate(a, b)
+
+    @property
+    def best(self) -> TrialRecord | None:
+        return self._best
+
+    # ------------------------------------------------------------------ sensitivity
+
+    def op_sensitivity(self, cfg: TuneConfig) -> dict[OpKey, float] | None:
+        return self.sensitivity(cfg)
+
+    def _model_for(self, cfg: TuneConfig) -> Any:
+        fingerprint = cfg.fingerprint()
+        model = self.models.get(fingerprint)
+        if model is None and self._last_model[0] == fingerprint:
+            model = self._last_model[1]
+        return model if model is not None else self.runner.quantize(cfg)
+
+    def chosen_model(self, record: TrialRecord) -> Any:
+        """The model of a finished trial; rebuilt when it ran elsewhere or earlier."""
+        config = record.config()
+        assert config is not None
+        return self._model_for(config)

@@ -1,0 +1,293 @@
+"""One trial: quantize with a tune_cfg, evaluate, measure the objective.
+
+A trial is a pure unit of work: a :class:`TrialSpec` (id, tune_cfg, stage) goes in, a
+:class:`~lpq.tuning.records.TrialRecord` comes out. Everything else a trial needs (the
+fp32 model, the data, how accuracy is scored) is the run's :class:`TrialRunner`, handed
+to each worker once, so trials can run serially, in a process pool or on a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import DataError, LpqError, TuningError
+from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
+from ..plan.tune_config import TuneConfig
+from ..plugins.manager import get_plugin_manager
+from .records import TrialRecord
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What an executor ships per trial: small and picklable."""
+
+    index: int
+    tune_cfg: dict[str, Any]
+    stage: str = ""
+
+    def config(self) -> TuneConfig:
+        return TuneConfig.from_json(self.tune_cfg)
+
+
+class CoreGate(Protocol):
+    """Keeps latency measurements fair when trials run side by side.
+
+    Accuracy work holds a *shared* slot; a latency measurement holds the machine
+    *exclusively*: it waits until no other trial is running, and no trial starts until
+    it is done. So every latency, the fp32 baseline's included, is measured with the
+    cores to itself.
+    """
+
+    def shared(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+class NoGate:
+    """The gate of a serial run: nothing else is running."""
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        yield
+
+
+class _Cycle:
+    """Re-iterate a dataloader until ``count`` batches were yielded (latency repeats)."""
+
+    def __init__(self, dataloader: Iterable[Any], count: int) -> None:
+        self.dataloader, self.count = dataloader, count
+
+    def __iter__(self) -> Iterator[Any]:
+        yielded = 0
+        while yielded < self.count:
+            before = yielded
+            for item in self.dataloader:
+                yield item
+                yielded += 1
+                if yielded >= self.count:
+                    return
+            if yielded == before:
+                return
+
+
+@dataclass
+class Evaluation:
+    """How a candidate model is scored: the user's eval function, or a dataloader + metric.
+
+    Latency is measured separately from accuracy, on ``latency_dataloader``, after
+    ``latency_warmup`` untimed batches, as the median of ``latency_repeats`` timed ones,
+    with only the framework's run call timed (the adaptor wraps it).
+    """
+
+    framework: str
+    eval_func: Callable[[Any], float] | None = None
+    dataloader: Iterable[Any] | None = None
+    metric: Metric | None = None
+    postprocess: Postprocess | None = None
+    iteration: int | None = None
+    latency_dataloader: Iterable[Any] | None = None
+    latency_warmup: int = 2
+    latency_repeats: int = 10
+    measure_footprint: bool = False
+
+    def accuracy(self, model: Any) -> tuple[float, int | None]:
+        """Return (accuracy, peak RSS in bytes or None)."""
+        reset_peak_rss()
+        if self.eval_func is not None:
+            accuracy = self._call_eval_func(model)
+        else:
+            assert self.dataloader is not None and self.metric is not None
+            result = get_plugin_manager().evaluate(
+                self.framework,
+                model,
+                self.dataloader,
+                [self.metric],
+                postprocess=self.postprocess,
+                iteration=self.iteration,
+            )
+            accuracy = result.metrics[self.metric.name]
+        return accuracy, peak_rss() if self.measure_footprint else None
+
+    def _call_eval_func(self, model: Any) -> float:
+        assert self.eval_func is not None
+        try:
+            value = self.eval_func(model)
+        except LpqError:
+            raise
+        except Exception as exc:
+            raise TuningError(
+                f"the eval function raised {type(exc).__name__}: {exc}",
+                hint="fix the eval function (the full traceback is in the trial's record)",
+            ) from exc
+        if isinstance(value, bool) or (
+            not isinstance(value, int | float) and not hasattr(value, "__float__")
+        ):
+            raise TuningError(
+                f"the eval function returned {type(value).__name__} ({value!r}), not a number",
+                hint="eval_func(model) must return the model's accuracy as a float",
+            )
+        return float(value)
+
+    def latency(self, model: Any) -> float | None:
+        """Median milliseconds per batch of the latency data, or None without data."""
+        if self.latency_dataloader is None:
+            return None
+        measurer = LatencyMeasurer(warmup=self.latency_warmup)
+        get_plugin_manager().evaluate(
+            self.framework,
+            model,
+            _Cycle(self.latency_dataloader, self.latency_warmup + self.latency_repeats),
+            [],
+            measurer=measurer,
+        )
+        return measurer.median_ms
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS counter (Linux), so footprint is per evaluation."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def model_size(framework: str, model: Any) -> int | None:
+    """Bytes the adaptor writes when saving ``model`` (the modelsize objective)."""
+    with tempfile.TemporaryDirectory(prefix="lpq-size-") as tmp:
+        try:
+            written = Path(get_plugin_manager().save_model(framework, model, Path(tmp) / "model"))
+        except LpqError:
+            return None
+        folder = written if written.is_dir() else written.parent
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def op_counts(
+    framework: str, model: Any, cfg: TuneConfig
+) -> tuple[int, int, str, dict[str, str] | None]:
+    """(quantized, fallback, source, per-op precisions) of a converted model.
+
+    Read from the model through ``lpq_quantized_ops`` when the adaptor implements it;
+    otherwise the tune_cfg's plan, marked ``"plan"``.
+    """
+    found = get_plugin_manager().quantized_ops(framework, model)
+    if found is None:
+        return len(cfg.quantized_ops()), len(cfg.fallback_ops()), "plan", None
+    names = {name for name, _ in cfg.ops}
+    precisions = {name: p for name, p in found.items() if name in names} or found
+    quantized = sum(1 for p in precisions.values() if p not in ("fp32", "bf16", "fp16"))
+    return quantized, len(precisions) - quantized, "model", precisions
+
+
+class TrialRunner:
+    """Runs trials against one fp32 model with fixed data and evaluation: a run's job.
+
+    Holds no plugin manager and no open resources, so a worker process can receive it
+    once (forked or pickled) and run any number of trials.
+    """
+
+    def __init__(
+        self,
+        framework: str,
+        model: Any,
+        calib_dataloader: Iterable[Any] | None,
+        evaluation: Evaluation,
+        *,
+        measure_size: bool,
+        train_func: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.framework = framework
+        self.model = model
+        self.calib_dataloader = calib_dataloader
+        self.evaluation = evaluation
+        self.measure_size = measure_size
+        self.train_func = train_func
+
+    def baseline(self, gate: CoreGate | None = None) -> TrialRecord:
+        gate = gate or NoGate()
+        start = time.perf_counter()
+        with gate.shared():
+            accuracy, footprint = self.evaluation.accuracy(self.model)
+        if math.isnan(accuracy):
+            raise TuningError("the fp32 model's accuracy is NaN", hint="check the eval data")
+        with gate.exclusive():
+            latency = self.evaluation.latency(self.model)
+        return TrialRecord(
+            index=-1,
+            fingerprint="fp32",
+            tune_cfg=None,
+            stage="baseline",
+            accuracy=accuracy,
+            latency_ms=latency,
+            footprint_bytes=footprint,
+            size_bytes=model_size(self.framework, self.model),
+            duration_s=time.perf_counter() - start,
+        )
+
+    def quantize(self, cfg: TuneConfig) -> Any:
+        return get_plugin_manager().quantize(
+            self.framework, self.model, cfg, self.calib_dataloader, self.train_func
+        )
+
+    def run(self, spec: TrialSpec, gate: CoreGate | None = None) -> tuple[TrialRecord, Any]:
+        """Quantize and evaluate; errors in the candidate become an ``error`` record.
+
+        Errors in the user's data are re-raised: every trial would hit them again.
+        """
+        gate = gate or NoGate()
+        cfg = spec.config()
+        record = TrialRecord(
+            index=spec.index,
+            fingerprint=cfg.fingerprint(),
+            tune_cfg=spec.tune_cfg,
+            stage=spec.stage,
+            quantized_ops=len(cfg.quantized_ops()),
+            fallback_ops=len(cfg.fallback_ops()),
+        )
+        start = time.perf_counter()
+        model = None
+        try:
+            with gate.shared():
+                model = self.quantize(cfg)
+                (
+                    record.quantized_ops,
+                    record.fallback_ops,
+                    record.counts_from,
+                    record.op_precisions,
+                ) = op_counts(self.framework, model, cfg)
+                record.accuracy, record.footprint_bytes = self.evaluation.accuracy(model)
+                if self.measure_size:
+                    record.size_bytes = model_size(self.framework, model)
+            with gate.exclusive():
+                record.latency_ms = self.evaluation.latency(model)
+        except DataError:
+            raise
+        except Exception as exc:
+            record.status = "error"
+            record.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            record.traceback = "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)
+            )
+            model = None
+        record.duration_s = time.perf_counter() - start
+        return record, model
