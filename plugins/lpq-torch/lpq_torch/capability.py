@@ -16,10 +16,9 @@ import torch
 
 from lpq import FrameworkCapability, ModelError, installed_version, load_capability
 
-from . import graph
+from . import graph, prepare
 from .data import first_batch, require_module
 from .plugin import FRAMEWORK, capability_file
-from .quantize import example_for, remember_example
 
 #: Ops that follow a conv/linear inside a fused pattern, by their short ATen name.
 _FOLLOWERS = {
@@ -49,8 +48,8 @@ def query(
 ) -> FrameworkCapability:
     module = require_module(model)
     args = first_batch(dataloader)
-    remember_example(module, args)
-    gm = graph.export(module, args).module()
+    prepare.remember_example(module, args)
+    gm = prepare.exported(module, args, copy_graph=False)
     spec = load_capability(_capability_files(options), FRAMEWORK, installed_version("torch"))
     ops = [key for key, _ in graph.quantizable_nodes(gm)]
     return spec.build(ops, installed_version("torch"))
@@ -62,13 +61,13 @@ def fused_patterns(model: Any) -> list[tuple[str, ...]]:
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         gm = module
     else:
-        example = example_for(module)
+        example = prepare.example_for(module)
         if example is None:
             raise ModelError(
                 "the PyTorch adaptor needs example inputs to export the model",
                 hint="query the model's capability with a dataloader first",
             )
-        gm = graph.export(module, example).module()
+        gm = prepare.exported(module, example, copy_graph=False)
     spec = load_capability([capability_file()], FRAMEWORK, installed_version("torch"))
     return find_patterns(gm, spec.patterns)
 

@@ -23,11 +23,21 @@ CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 def to_tensor(value: Any) -> Any:
-    """A numpy array (or scalar array) as a tensor; tensors and other values unchanged."""
+    """A numpy array (or scalar array) as a tensor; tensors and other values unchanged.
+
+    Tensors created under ``torch.inference_mode`` are cloned into normal tensors (outside
+    inference mode): ``torch.export`` and calibration cannot use them as they are.
+    """
     if isinstance(value, np.ndarray):
         if value.dtype == np.float64:
             value = value.astype(np.float32)
         return torch.from_numpy(np.ascontiguousarray(value))
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_inference()
+        and not torch.is_inference_mode_enabled()
+    ):
+        return value.clone()
     return value
 
 
@@ -93,7 +103,7 @@ def run(model: Callable[..., Any], args: CallArgs) -> Any:
         return model(*positional, **keywords)
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as exc:
         raise DataError(
-            f"the model could not run on the given inputs: {_short(exc)}",
+            f"the model could not run on the given inputs: {first_line(exc)}",
             hint="check that the dataloader yields inputs with the shapes and dtypes the "
             f"model's forward() expects (got {describe(args)})",
         ) from exc
@@ -124,6 +134,7 @@ def require_module(model: Any) -> torch.nn.Module:
     return model
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (torch's can run to pages)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip()[:300] if lines else type(exc).__name__

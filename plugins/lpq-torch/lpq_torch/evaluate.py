@@ -4,27 +4,54 @@ Compilation policy: the int8 speedup only exists after ``torch.compile`` (Induct
 freezing lowers the q/dq graph to oneDNN int8 kernels), but compiling costs seconds to
 minutes. So the model is compiled **only when a latency measurer is passed** (a latency
 number of an uncompiled PT2E graph would be meaningless); accuracy-only evaluation runs
-eagerly, which computes the same quantized arithmetic. Compiled models are cached per
-model object. ``LPQ_TORCH_COMPILE=0`` turns compilation off entirely.
+eagerly, which computes the same quantized arithmetic. ``LPQ_TORCH_COMPILE=0`` turns
+compilation off entirely.
+
+Compilation falls back, and says so (a warning on the ``lpq.torch`` logger): Inductor
+with freezing -> Inductor without freezing (freezing failed on an LSTM cell) -> eager.
+A failure is told apart from bad data by running the same batch eagerly: only if that
+fails too is it the data's fault (:class:`lpq.DataError`).
+
+Timing: the accuracy pass runs every batch once (it also warms the compiled model up).
+Then up to :data:`TIMED_BATCHES` batches are run :data:`WARMUP` more times untimed and
+timed over rounds until :data:`MIN_ROUNDS` rounds and :data:`MIN_SECONDS` have passed
+(at most :data:`MAX_ROUNDS`); the measurer takes the median of those runs. One timing of
+each batch, as a plain accuracy pass gives, swung by 2x on this shared machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import weakref
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from lpq import EvalResult, LatencyMeasurer, Metric, batch_size, evaluate_batches, split_batch
-
-from .data import call_args, labels_to_numpy, outputs_to_numpy, require_module, run
-
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = (
-    weakref.WeakKeyDictionary()
+from lpq import (
+    DataError,
+    EvalResult,
+    LatencyMeasurer,
+    LpqError,
+    Metric,
+    batch_size,
+    evaluate_batches,
+    split_batch,
 )
+
+from . import state
+from .data import CallArgs, call_args, labels_to_numpy, outputs_to_numpy, require_module, run
+from .errors import framework_error, stage
+
+logger = logging.getLogger("lpq.torch")
+
+WARMUP = 2
+TIMED_BATCHES = 4
+MIN_ROUNDS = 5
+MAX_ROUNDS = 50
+MIN_SECONDS = 0.5
 
 
 def compile_enabled() -> bool:
@@ -32,22 +59,81 @@ def compile_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def inductor_freezing() -> Iterator[None]:
+def inductor_freezing(enabled: bool = True) -> Iterator[None]:
     """Inductor freezing: constant-folds weights so int8 conv/linear get prepacked kernels."""
     import torch._inductor.config as inductor_config
 
-    with inductor_config.patch(freezing=True):
+    with inductor_config.patch(freezing=enabled):
         yield
 
 
-def compiled(model: torch.nn.Module) -> Callable[..., Any]:
-    """``torch.compile(model)``, cached; call it inside :func:`inductor_freezing`."""
-    found = _compiled.get(model)
-    if found is None:
+class Forward:
+    """The callable that runs a model for timing: compiled if it can be, else eager.
+
+    Tries Inductor with freezing, then without, then eager, on the first batch; logs
+    each fallback with torch's reason. The choice is kept in the run state.
+    """
+
+    LEVELS = ("inductor+freezing", "inductor", "eager")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.level = 0 if compile_enabled() else len(self.LEVELS) - 1
+        self.fn: Callable[..., Any] | None = None
+        self.checked = False
+
+    @property
+    def mode(self) -> str:
+        return self.LEVELS[self.level]
+
+    def _build(self) -> Callable[..., Any]:
+        if self.mode == "eager":
+            return self.module
         # Static shapes: each batch size gets its own graph. With dynamic shapes, Inductor
         # freezing's layout choices broke on a smaller last batch (stride assertion).
-        found = torch.compile(model, dynamic=False)
-        _compiled[model] = found
+        return torch.compile(self.module, dynamic=False)
+
+    def __call__(self, args: CallArgs) -> Any:
+        while True:
+            if self.fn is None:
+                self.fn = self._build()
+            try:
+                with inductor_freezing(self.mode == "inductor+freezing"):
+                    result = run_model(self.fn, args)
+                self.checked = True
+                return result
+            except LpqError:
+                raise
+            except Exception as exc:
+                if self.checked or self.mode == "eager":
+                    raise framework_error("evaluate", exc, f"{self.mode} run") from exc
+                self._fall_back(exc, args)
+
+    def _fall_back(self, exc: Exception, args: CallArgs) -> None:
+        run(self.module, args)  # raises DataError if the data is at fault
+        failed = self.mode
+        self.level += 1
+        self.fn = None
+        logger.warning(
+            "lpq-torch: torch.compile (%s) failed, evaluating with %s instead: %s: %s",
+            failed,
+            self.mode,
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
+        )
+
+
+def run_model(fn: Callable[..., Any], args: CallArgs) -> Any:
+    positional, keywords = args
+    return fn(*positional, **keywords)
+
+
+def forward_for(module: torch.nn.Module) -> Forward:
+    found = state.current().compiled.get(module)
+    if not isinstance(found, Forward):
+        found = Forward(module)
+        with contextlib.suppress(TypeError):
+            state.current().compiled[module] = found
     return found
 
 
@@ -60,34 +146,63 @@ def evaluate(
     iteration: int | None,
 ) -> EvalResult:
     module = require_module(model)
-    use_compile = measurer is not None and compile_enabled()
-    forward: Callable[..., Any] = compiled(module) if use_compile else module
     restore_training = not isinstance(module, torch.fx.GraphModule) and module.training
     if not isinstance(module, torch.fx.GraphModule):
         module.eval()
+    made_by_lpq = hasattr(module, "_lpq_tune_cfg")
+    forward = forward_for(module) if measurer is not None else None
+    timed: list[CallArgs] = []
 
     def batches() -> Iterator[tuple[Any, Any]]:
         for item in dataloader:
             inputs, labels = split_batch(item)
             yield (call_args(inputs), batch_size(inputs)), labels_to_numpy(labels)
 
+    def execute(prepared: tuple[CallArgs, int]) -> Any:
+        args = prepared[0]
+        if forward is not None:
+            if len(timed) < TIMED_BATCHES:
+                timed.append(args)
+            return forward(args)
+        if made_by_lpq:
+            with stage("evaluate", "the quantized model (eager)"):
+                return run_model(module, args)
+        return run(module, args)
+
     try:
-        with torch.inference_mode(), inductor_freezing() if use_compile else _null():
-            return evaluate_batches(
+        with torch.inference_mode():
+            result = evaluate_batches(
                 batches(),
-                lambda prepared: run(forward, prepared[0]),
+                execute,
                 metrics,
                 postprocess=postprocess,
-                measurer=measurer,
                 iteration=iteration,
                 to_numpy=outputs_to_numpy,
                 count=lambda prepared: prepared[1],
             )
+            if forward is not None and measurer is not None:
+                result.latency_ms = time_batches(forward, timed, measurer)
     finally:
         if restore_training:
             module.train(True)
+    return result
 
 
-@contextlib.contextmanager
-def _null() -> Iterator[None]:
-    yield
+def time_batches(forward: Forward, batches: list[CallArgs], measurer: LatencyMeasurer) -> float:
+    """Warm up, then time rounds over ``batches``; the measurer's median in ms."""
+    if not batches:
+        raise DataError("the evaluation dataloader yielded no batches", hint="pass data")
+    for _ in range(WARMUP):
+        for args in batches:
+            forward(args)
+    measurer.reset()  # its own warm-up count still applies: those runs are dropped
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < MIN_SECONDS):
+        for args in batches:
+            with measurer.measure():
+                forward(args)
+        rounds += 1
+    median = measurer.median_ms
+    assert median is not None
+    return median

@@ -24,8 +24,10 @@ import torch.utils._pytree as pytree
 
 from lpq import ConfigError, DataError, Inspection, split_batch
 
-from . import graph
-from .data import CallArgs, call_args, first_batch, require_module
+from . import dynamic, graph, prepare
+from .data import CallArgs, call_args, describe, first_batch, first_line, require_module
+from .errors import framework_error, stage
+from .quantize import TUNE_CFG_ATTR
 
 _BATCH_NORM = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
 
@@ -54,19 +56,42 @@ class _Capture(torch.fx.Interpreter):
         super().__init__(gm)
         self.wanted = wanted
         self.seen: dict[Any, Any] = {}
+        self.node: torch.fx.Node | None = None
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        self.node = n
         result = super().run_node(n)
         if n in self.wanted:
             self.seen[self.wanted[n]] = result
         return result
+
+    def where(self) -> str:
+        """The node that failed, by lpq op name when it has one."""
+        if self.node is None:
+            return "the graph's inputs"
+        key = graph.op_key(self.node)
+        return f"op {key[0]}" if key else f"node {self.node.name} ({self.node.target})"
+
+
+def _run(capture: _Capture, args: CallArgs, quantized: bool) -> None:
+    """Run one batch; a failure in a model lpq made is the framework's, not the data's."""
+    try:
+        capture.run(*_flat_inputs(args))
+    except Exception as exc:
+        if quantized:
+            raise framework_error("inspect", exc, capture.where()) from exc
+        raise DataError(
+            f"the model could not run on the inspection data at {capture.where()}: "
+            f"{first_line(exc)}",
+            hint=f"pass inputs with the shapes the model expects (got {describe(args)})",
+        ) from exc
 
 
 def _graph_of(model: Any, dataloader: Iterable[Any]) -> torch.fx.GraphModule:
     module = require_module(model)
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         return module
-    return graph.export(module, first_batch(dataloader)).module()
+    return prepare.exported(module, first_batch(dataloader), copy_graph=False)
 
 
 def _flat_inputs(args: CallArgs) -> list[Any]:
@@ -81,7 +106,11 @@ def inspect_tensor(
     kind: str,
     iteration: int | None,
 ) -> Inspection:
-    gm = _graph_of(model, dataloader)
+    module = require_module(model)
+    if hasattr(module, dynamic.DYNAMIC_ATTR):
+        return _inspect_modules(module, dataloader, op_names, kind, iteration)
+    quantized = hasattr(module, TUNE_CFG_ATTR)
+    gm = _graph_of(module, dataloader)
     nodes = {key[0]: node for key, node in graph.quantizable_nodes(gm)}
     names = list(nodes) if op_names is None else list(op_names)
     missing = [name for name in names if name not in nodes]
@@ -109,19 +138,62 @@ def inspect_tensor(
             if iteration is not None and batches >= iteration:
                 break
             capture = _Capture(gm, wanted)
-            try:
-                capture.run(*_flat_inputs(call_args(split_batch(item)[0])))
-            except (RuntimeError, TypeError, ValueError, IndexError) as exc:
-                raise DataError(
-                    f"the model could not run on the inspection data: {exc}",
-                    hint="pass inputs with the shapes the model expects",
-                ) from exc
+            _run(capture, call_args(split_batch(item)[0]), quantized)
             for tag, value in capture.seen.items():
                 if tag[0] == "act":
                     result.activations.setdefault(tag[1], []).append(_to_numpy(value))
                 elif batches == 0:
                     result.weights.setdefault(tag[1], {})[tag[2]] = _to_numpy(value)
             batches += 1
+    if batches == 0:
+        raise DataError("the inspection dataloader yielded no batches", hint="pass data")
+    return result
+
+
+def _inspect_modules(
+    module: torch.nn.Module,
+    dataloader: Iterable[Any],
+    op_names: Sequence[str] | None,
+    kind: str,
+    iteration: int | None,
+) -> Inspection:
+    """Forward hooks on the Linear modules of a model from torchao's dynamic path.
+
+    Its ops are modules (no exported graph); names that are not modules (matmuls) stay in
+    fp32 there and are left out.
+    """
+    modules = dict(module.named_modules())
+    names = [n for n in (op_names or getattr(module, dynamic.DYNAMIC_ATTR)) if n in modules]
+    result = Inspection()
+    if kind in ("weight", "both"):
+        for name in names:
+            weight = getattr(modules[name], "weight", None)
+            if isinstance(weight, torch.Tensor):
+                value = weight.dequantize() if hasattr(weight, "dequantize") else weight
+                result.weights[name] = {"weight": _to_numpy(value)}
+    seen: dict[str, Any] = {}
+    handles = [
+        modules[name].register_forward_hook(
+            lambda _m, _i, out, name=name: seen.__setitem__(name, out)
+        )
+        for name in names
+    ]
+    batches = 0
+    try:
+        with torch.no_grad():
+            for item in dataloader:
+                if iteration is not None and batches >= iteration:
+                    break
+                args = call_args(split_batch(item)[0])
+                with stage("inspect", "the dynamic int8 model"):
+                    module(*args[0], **args[1])
+                if kind in ("activation", "both"):
+                    for name, value in seen.items():
+                        result.activations.setdefault(name, []).append(_to_numpy(value))
+                batches += 1
+    finally:
+        for handle in handles:
+            handle.remove()
     if batches == 0:
         raise DataError("the inspection dataloader yielded no batches", hint="pass data")
     return result

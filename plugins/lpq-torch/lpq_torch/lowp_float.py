@@ -62,7 +62,7 @@ def _not(node: torch.fx.Node) -> Callable[[torch.fx.Node], bool]:
 
 def convert(model: Any, op_names: Sequence[str], dtype: str) -> torch.fx.GraphModule:
     """A new model whose named ops run in ``dtype`` (the input model is left untouched)."""
-    from .quantize import EXAMPLE_ATTR, example_for
+    from .prepare import EXAMPLE_ATTR, example_for, exported
 
     if isinstance(model, torch.fx.GraphModule) and any(graph.quantizable_nodes(model)):
         result = copy.deepcopy(model)
@@ -74,7 +74,7 @@ def convert(model: Any, op_names: Sequence[str], dtype: str) -> torch.fx.GraphMo
                 "converting ops to low precision",
                 hint="query its capability (or quantize it) with a dataloader first",
             )
-        result = graph.export(model, example).module()
+        result = exported(model, example)
         setattr(result, EXAMPLE_ATTR, example)
     else:
         raise ModelError(

@@ -150,6 +150,15 @@ def lpq_inspect_tensor(
 
 
 @lpq.hookimpl
+def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
+    if framework != FRAMEWORK:
+        return None
+    from . import report
+
+    return report.quantized_ops(model)
+
+
+@lpq.hookimpl
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     if framework != FRAMEWORK:
         return None

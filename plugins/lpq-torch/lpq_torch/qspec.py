@@ -7,9 +7,8 @@ uint8 container and is simulated through the observer's ``quant_min``/``quant_ma
 compiled; narrower dtypes give the same arithmetic (values just use fewer levels), so
 their accuracy is exactly what a true N-bit kernel would give.
 
-Algorithms map to observers: ``minmax`` -> (PerChannel)MinMaxObserver, ``kl`` ->
-HistogramObserver (histogram search for the range minimising quantization error),
-``percentile`` -> :class:`PercentileObserver`. QAT uses torchao's
+Activation algorithms map to observers through :data:`lpq_torch.calibration.OBSERVERS`;
+weights always use (PerChannel)MinMaxObserver. QAT uses torchao's
 ``LearnableFakeQuantize`` (scale and zero point get gradients, LSQ-style).
 """
 
@@ -20,7 +19,6 @@ from typing import Any
 
 import torch
 from torchao.quantization.pt2e import (
-    HistogramObserver,
     LearnableFakeQuantize,
     MinMaxObserver,
     MovingAverageMinMaxObserver,
@@ -32,6 +30,8 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig
 
 from lpq import ConfigError, OpConfig, TensorConfig
+
+from .calibration import OBSERVERS, activation_observer
 
 #: Same eps as PyTorch's x86 recipe: keeps scales of near-constant tensors sane.
 EPS = 2**-12
@@ -50,36 +50,6 @@ def dtype_range(dtype: str) -> tuple[torch.dtype, int, int]:
     if unsigned:
         return torch.uint8, 0, 2**bits - 1
     return torch.int8, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-
-
-class PercentileObserver(HistogramObserver):
-    """Clips the range to the ``percentile``-th percentile of the observed histogram.
-
-    Outliers then no longer stretch the scale; the histogram is the one HistogramObserver
-    keeps while calibrating, so memory stays bounded (streaming, not storing activations).
-    """
-
-    def __init__(self, percentile: float = 99.99, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.percentile = percentile
-
-    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.min_val.numel() == 0 or float(self.min_val) == float("inf"):
-            return super().calculate_qparams()
-        hist = self.histogram.double()
-        total = float(hist.sum())
-        if total <= 0:
-            return super().calculate_qparams()
-        cdf = torch.cumsum(hist, 0) / total
-        tail = (100.0 - self.percentile) / 100.0
-        edges = torch.linspace(float(self.min_val), float(self.max_val), self.bins + 1)
-        lo_bin = int(torch.searchsorted(cdf, torch.tensor(tail, dtype=cdf.dtype)))
-        hi_bin = int(torch.searchsorted(cdf, torch.tensor(1.0 - tail, dtype=cdf.dtype)))
-        new_min = edges[min(lo_bin, self.bins)].reshape(())
-        new_max = edges[min(hi_bin + 1, self.bins)].reshape(())
-        # Keep zero exactly representable and never clip a one-signed tensor past zero.
-        new_min = torch.minimum(new_min, self.min_val.clamp(min=0))
-        return self._calculate_qparams(new_min.to(self.min_val), new_max.to(self.max_val))
 
 
 def _qscheme(cfg: TensorConfig, *, weight: bool) -> torch.qscheme:
@@ -117,7 +87,7 @@ def weight_spec(cfg: TensorConfig, *, qat: bool) -> QuantizationSpec:
     dtype, qmin, qmax = dtype_range(cfg.dtype)
     qscheme = _qscheme(cfg, weight=True)
     per_channel = qscheme == torch.per_channel_symmetric
-    if cfg.algorithm not in ("minmax", "kl", "percentile"):
+    if cfg.algorithm not in OBSERVERS:
         raise ConfigError(f"weight algorithm {cfg.algorithm!r} is not supported by lpq-torch")
     args: dict[str, Any] = {"eps": EPS}
     if per_channel:
@@ -147,17 +117,8 @@ def activation_spec(cfg: TensorConfig, *, qat: bool, dynamic: bool) -> Quantizat
         ctr: Any = PlaceholderObserver.with_args(**args)
     elif qat:
         ctr = _learnable(MovingAverageMinMaxObserver, dtype, qmin, qmax, qscheme, args)
-    elif cfg.algorithm == "minmax":
-        ctr = MinMaxObserver.with_args(**args)
-    elif cfg.algorithm == "kl":
-        ctr = HistogramObserver.with_args(**args)
-    elif cfg.algorithm == "percentile":
-        ctr = PercentileObserver.with_args(**args)
     else:
-        raise ConfigError(
-            f"activation algorithm {cfg.algorithm!r} is not supported by lpq-torch",
-            hint="use minmax, kl or percentile",
-        )
+        ctr = activation_observer(cfg.algorithm).with_args(**args)
     return QuantizationSpec(
         dtype=dtype,
         quant_min=qmin,

@@ -15,9 +15,7 @@ deployable int8 graph as PTQ.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,32 +27,18 @@ from torchao.quantization.pt2e import (
 )
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 
-from lpq import ConfigError, OpConfig, TuneConfig, split_batch, take_samples
+from lpq import ConfigError, OpConfig, TuneConfig
 
-from . import graph, lowp_float
-from .data import CallArgs, at_least_two, call_args, first_batch, require_module, run
+from . import dynamic, graph, lowp_float, prepare
+from .calibration import calibrate
+from .data import at_least_two, first_batch, require_module
+from .errors import stage
+from .prepare import EXAMPLE_ATTR, remember_example
 from .qspec import quant_config
 from .quantizer import Group, LpqX86Quantizer
 
-#: Attribute on a quantized GraphModule holding example inputs (to re-export on save).
-EXAMPLE_ATTR = "_lpq_example_inputs"
 #: Attribute holding the tune_cfg (JSON) the model was quantized with.
 TUNE_CFG_ATTR = "_lpq_tune_cfg"
-
-# Example inputs seen for fp32 models (capability query), so later hooks can export them.
-_examples: weakref.WeakKeyDictionary[torch.nn.Module, CallArgs] = weakref.WeakKeyDictionary()
-
-
-def remember_example(model: torch.nn.Module, args: CallArgs) -> None:
-    with contextlib.suppress(TypeError):
-        _examples[model] = at_least_two(args)
-
-
-def example_for(model: torch.nn.Module) -> CallArgs | None:
-    found: CallArgs | None = getattr(model, EXAMPLE_ATTR, None)
-    if found is not None:
-        return found
-    return _examples.get(model)
 
 
 def quantize(
@@ -62,33 +46,61 @@ def quantize(
     tune_cfg: TuneConfig,
     calib_dataloader: Iterable[Any] | None,
     train_func: Callable[[Any], Any] | None,
-) -> torch.fx.GraphModule:
+) -> torch.nn.Module:
     """Quantize ``model`` per ``tune_cfg``; the original model is never modified."""
     module = require_module(model)
     qat = train_func is not None
-    if qat:
-        module = copy.deepcopy(module)  # training must not touch the user's weights
     args = first_batch(calib_dataloader)
-    remember_example(model, args)
-    program = graph.export(module, args, training=qat)
-    gm = program.module()
+    remember_example(module, args)
+    if dynamic.wanted(tune_cfg) and not qat and not isinstance(module, torch.fx.GraphModule):
+        _check_ops(tune_cfg, {key for key, _ in graph.quantizable_nodes(_fp32_graph(module, args))})
+        result: torch.nn.Module = dynamic.quantize(module, tune_cfg)
+    else:
+        result = _pt2e(module, tune_cfg, calib_dataloader, train_func, args)
+    setattr(result, EXAMPLE_ATTR, at_least_two(args))
+    setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
+    return result
+
+
+def _fp32_graph(module: torch.nn.Module, args: Any, *, training: bool = False) -> Any:
+    if training:  # QAT trains a deep copy; its export is never reused
+        return prepare.export(copy.deepcopy(module), args, training=True).module()
+    return prepare.exported(module, args)
+
+
+def _pt2e(
+    module: torch.nn.Module,
+    tune_cfg: TuneConfig,
+    calib_dataloader: Iterable[Any] | None,
+    train_func: Callable[[Any], Any] | None,
+    args: Any,
+) -> torch.fx.GraphModule:
+    """export (once per run) -> prepare -> calibrate (or QAT) -> convert -> bf16 casts."""
+    qat = train_func is not None
+    gm = _fp32_graph(module, args, training=qat)
     present = {key for key, _ in graph.quantizable_nodes(gm)}
     _check_ops(tune_cfg, present)
-
+    if any(cfg.quantized and cfg.mode == "dynamic" for cfg in tune_cfg.ops.values()) and qat:
+        raise ConfigError(
+            "dynamic quantization cannot be combined with quantization-aware training",
+            hint="use mode 'static' for QAT, or quantize without a train_func",
+        )
     quantized = {key: cfg for key, cfg in tune_cfg.ops.items() if cfg.quantized}
     if quantized:
         quantizer = LpqX86Quantizer(_groups(tune_cfg, qat=qat))
-        prepared = prepare_qat_pt2e(gm, quantizer) if qat else prepare_pt2e(gm, quantizer)
-        _calibrate(prepared, calib_dataloader, tune_cfg.calib_sampling_size)
+        with stage("prepare", "torchao prepare_pt2e with the x86 recipe"):
+            prepared = prepare_qat_pt2e(gm, quantizer) if qat else prepare_pt2e(gm, quantizer)
+        calibrate(prepared, calib_dataloader, tune_cfg.calib_sampling_size)
         if train_func is not None:
             prepared.apply(enable_range_learning)
             move_exported_model_to_train(prepared)
             returned = train_func(prepared)
             if isinstance(returned, torch.fx.GraphModule):
                 prepared = returned
-        move_exported_model_to_eval(prepared)
-        result = convert_pt2e(prepared)
-        move_exported_model_to_eval(result)
+        with stage("convert", "torchao convert_pt2e"):
+            move_exported_model_to_eval(prepared)
+            result = convert_pt2e(prepared)
+            move_exported_model_to_eval(result)
         drop_unused_tensors(result)
     else:
         result = gm
@@ -98,8 +110,6 @@ def quantize(
         names = [n for (n, _), c in tune_cfg.ops.items() if c.precision == dtype]
         if names:
             lowp_float.cast_nodes(result, names, dtype)
-    setattr(result, EXAMPLE_ATTR, at_least_two(args))
-    setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     return result
 
 
@@ -143,23 +153,7 @@ def _groups(tune_cfg: TuneConfig, *, qat: bool) -> list[Group]:
         key = cfg if cfg.quantized else OpConfig.fallback()
         by_cfg.setdefault(key, set()).add(name)
     groups: list[Group] = []
-    modes = {cfg.mode for cfg in by_cfg if cfg.quantized}
-    if qat and "dynamic" in modes:
-        raise ConfigError(
-            "dynamic quantization cannot be combined with quantization-aware training",
-            hint="use mode 'static' for QAT, or quantize without a train_func",
-        )
     for cfg, names in by_cfg.items():
         groups.append((frozenset(names), quant_config(cfg, qat=qat) if cfg.quantized else None))
     return groups
 
-
-def _calibrate(
-    prepared: torch.fx.GraphModule, dataloader: Iterable[Any] | None, samples: int
-) -> None:
-    """Run up to ``samples`` samples through the observers (QAT: initialises scales)."""
-    if dataloader is None:
-        return
-    with torch.no_grad():
-        for item in take_samples(dataloader, max(1, samples)):
-            run(prepared, call_args(split_batch(item)[0]))

@@ -27,9 +27,10 @@ import torch
 
 from lpq import ModelError
 
-from . import graph
+from . import graph, prepare
 from .data import require_module
-from .quantize import EXAMPLE_ATTR, TUNE_CFG_ATTR, example_for
+from .prepare import EXAMPLE_ATTR, example_for
+from .quantize import TUNE_CFG_ATTR
 
 SUFFIX = ".pt2"
 _META = "lpq.json"
@@ -44,7 +45,7 @@ def save(model: Any, path: Path) -> Path:
             hint="save a model returned by lpq's quantize, or query its capability first",
         )
     target = path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
-    program = graph.export(module, example)
+    program = prepare.export(module, example)
     meta = {"format": "lpq-torch/1", "tune_cfg": getattr(module, TUNE_CFG_ATTR, None)}
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a private folder beside the target under the final file name (the

@@ -12,7 +12,7 @@ import torch
 from torch_testmodels import DigitsMLP, calib_loader, eval_loader
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 
 
 class DataDependent(torch.nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch_testmodels import calib_loader, digits, eval_loader
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 
 
 def default_cfg(cap: lpq.FrameworkCapability, size: int = 200) -> lpq.TuneConfig:
@@ -20,7 +20,7 @@ def default_cfg(cap: lpq.FrameworkCapability, size: int = 200) -> lpq.TuneConfig
 def test_percentile_observer_clips_outliers_that_minmax_keeps() -> None:
     from torchao.quantization.pt2e import MinMaxObserver
 
-    from lpq_torch.qspec import PercentileObserver
+    from lpq_torch.calibration import PercentileObserver
 
     values = torch.cat([torch.rand(100_000), torch.tensor([50.0])])  # one outlier
     pct = PercentileObserver(dtype=torch.uint8, quant_min=0, quant_max=255)

@@ -18,7 +18,7 @@ from torch_testmodels import (
 )
 
 import lpq
-from lpq.metrics import TopK
+from lpq import TopK
 
 Q_OPS = {
     "quantize_per_tensor",
@@ -86,7 +86,7 @@ def test_original_model_is_not_modified(digits_convnet: torch.nn.Module) -> None
     assert not digits_convnet.training
 
 
-@pytest.mark.parametrize("algorithm", ["kl", "percentile"])
+@pytest.mark.parametrize("algorithm", ["mse", "percentile"])
 def test_mlp_int8_with_histogram_observers(digits_mlp: torch.nn.Module, algorithm: str) -> None:
     pm = lpq.get_plugin_manager()
     cap = pm.query_capability("torch", digits_mlp, calib_loader())
@@ -108,7 +108,9 @@ def test_mlp_dynamic_int8(digits_mlp: torch.nn.Module) -> None:
         dynamic = next(c for c in caps if c.mode == "dynamic")
         ops[key] = dynamic.default_config()
     qmodel = pm.quantize("torch", digits_mlp, lpq.TuneConfig(ops), calib_loader())
-    assert qnodes(qmodel, "choose_qparams"), "dynamic quantization computes scales at run time"
+    # torchao's dynamic path: the Linear weights really are int8 tensors, read back as such.
+    assert pm.quantized_ops("torch", qmodel) == {name: "int8" for name, _ in cap.opwise}
+    assert "Int8" in type(qmodel.net[1].weight).__name__
     assert accuracy(pm, qmodel) >= accuracy(pm, digits_mlp) - 0.01
 
 
@@ -273,7 +275,8 @@ def test_compiled_evaluation_measures_latency() -> None:
     eager = pm.evaluate("torch", qmodel, data, [TopK(1)])
     measurer = lpq.LatencyMeasurer(warmup=1)
     timed = pm.evaluate("torch", qmodel, data, [TopK(1)], measurer=measurer)
-    assert timed.latency_ms is not None and len(measurer.samples) == 3
+    # Warm-up, then at least 5 rounds over the first 4 batches (the first timed run dropped).
+    assert timed.latency_ms is not None and len(measurer.samples) >= 5 * 4 - 1
     assert eager.latency_ms is None
     assert abs(timed.accuracy - eager.accuracy) <= 2 / 56  # int8 kernels vs reference q/dq
     fp32 = pm.evaluate("torch", model, data, [TopK(1)], measurer=lpq.LatencyMeasurer())

@@ -1,0 +1,65 @@
+"""lpq_quantized_ops: the precision each op really runs in, read from the converted model.
+
+Never from the tune_cfg: torchao's recipe can silently leave an op in float (a pattern it
+does not match), and lpq must report that op as fp32. For a PT2E graph an op is quantized
+when a ``dequantize`` node feeds its weight or its input; the bit width comes from that
+node's ``quant_min``/``quant_max`` (int4 is simulated in an int8 container, see
+:mod:`lpq_torch.qspec`). An op whose inputs are cast to bf16/fp16 runs in that dtype. For
+a model from torchao's dynamic path an op is int8 when its ``nn.Linear`` weight really is
+a torchao quantized tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import dynamic, graph, prepare
+from .data import require_module
+
+_LOW_FLOAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def quantized_ops(model: Any) -> dict[str, str]:
+    """fp32 op name -> ``int8``/``int4``/.../``bf16``/``fp16``/``fp32`` for every op."""
+    module = require_module(model)
+    if hasattr(module, dynamic.DYNAMIC_ATTR):
+        return _dynamic_ops(module)
+    if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
+        return {key[0]: node_precision(node) for key, node in graph.quantizable_nodes(module)}
+    example = prepare.example_for(module)
+    if example is None:
+        return {}
+    fp32 = prepare.exported(module, example, copy_graph=False)
+    return {key[0]: "fp32" for key, _ in graph.quantizable_nodes(fp32)}
+
+
+def _dynamic_ops(module: torch.nn.Module) -> dict[str, str]:
+    int8 = dynamic.quantized_linears(module)
+    names: list[str] = getattr(module, dynamic.DYNAMIC_ATTR)
+    return {name: "int8" if name in int8 else "fp32" for name in names}
+
+
+def node_precision(node: torch.fx.Node) -> str:
+    """What one conv/linear/matmul node of a converted graph computes in."""
+    bits = [b for arg in node.args[:2] if (b := _dequantized_bits(arg)) is not None]
+    if bits:
+        return f"int{max(bits)}"
+    for arg in node.args[:2]:
+        if isinstance(arg, torch.fx.Node) and arg.target == torch.ops.aten._to_copy.default:
+            low = _LOW_FLOAT.get(arg.kwargs.get("dtype"))
+            if low is not None:
+                return low
+    return "fp32"
+
+
+def _dequantized_bits(arg: Any) -> int | None:
+    if not isinstance(arg, torch.fx.Node) or "dequantize" not in str(arg.target):
+        return None
+    ints = [a for a in arg.args[1:] if isinstance(a, int) and not isinstance(a, bool)]
+    if len(ints) < 2:
+        return 8
+    qmin, qmax = ints[-2], ints[-1]
+    return max(1, math.ceil(math.log2(qmax - qmin + 1)))

@@ -1,0 +1,65 @@
+"""What lpq-torch remembers between hook calls of one run, in one small swappable object.
+
+A tuning run calls the adaptor many times with the same fp32 model: capability query,
+every trial's quantization, inspection, evaluation. Exporting that model (seconds for a
+transformer) and compiling a model for timing are the expensive steps, so both are done
+once and reused. Everything remembered lives in a :class:`RunState`, keyed by the model
+*object* (weak references: nothing outlives the model; no ``id()`` keys that a new object
+could reuse). Hooks reach it through :func:`current`; when lpq-core hands adaptors a
+per-run state, :func:`use` swaps it in without touching the modules that read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Positional and keyword arguments of one model call (see :mod:`lpq_torch.data`).
+CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass
+class Exported:
+    """One export of an fp32 model, valid while its weights are unchanged."""
+
+    key: tuple[Any, ...]
+    graph: torch.fx.GraphModule
+
+
+@dataclass
+class RunState:
+    """Per-run memory: example inputs, exported graphs, compiled forwards."""
+
+    examples: weakref.WeakKeyDictionary[torch.nn.Module, CallArgs] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+    exports: weakref.WeakKeyDictionary[torch.nn.Module, Exported] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+    compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+
+
+_current = RunState()
+
+
+def current() -> RunState:
+    """The state hooks read and write now."""
+    return _current
+
+
+@contextlib.contextmanager
+def use(state: RunState) -> Iterator[RunState]:
+    """Make ``state`` current for the duration of the block (one run, or one test)."""
+    global _current
+    previous, _current = _current, state
+    try:
+        yield state
+    finally:
+        _current = previous
