@@ -152,4 +152,5 @@ VALID = """\
             dtype: [uint8]
             scheme: [asym]
             algorithm: [minmax, kl]
+  algorithms: [minmax, kl, percentile]
 """

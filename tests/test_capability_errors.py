@@ -75,7 +75,15 @@ CASES = [
         edit("minmax, kl", "minmax, magic"),
         18,
         "$[0].capabilities.int8.static.Conv.activation.algorithm[1]",
-        "'magic' is not allowed; expected one of: minmax, kl, percentile",
+        "algorithm 'magic' is not declared in this block's 'algorithms' (minmax, kl, "
+        "percentile)",
+    ),
+    (
+        "malformed-algorithm-name",
+        edit("minmax, kl", "minmax, Magic-1"),
+        18,
+        "$[0].capabilities.int8.static.Conv.activation.algorithm[1]",
+        "does not match",
     ),
     (
         "unknown-mode",
@@ -108,14 +116,14 @@ CASES = [
     (
         "two-default-blocks",
         edit("'1.30'", "default") + edit("'1.30'", "default"),
-        20,
+        21,
         "$[1].version.name",
         "a second 'default' block (the first is block 0)",
     ),
     (
         "same-version-twice",
         VALID + VALID,
-        20,
+        21,
         "$[1].version.name",
         "version 1.30 already has block 0",
     ),
@@ -177,7 +185,7 @@ CASES = [
     (
         "unknown-block-field",
         VALID + "  precision: [int8]\n",
-        19,
+        20,
         "$[0].precision",
         "unknown field 'precision'",
     ),
@@ -191,7 +199,7 @@ CASES = [
     (
         "bad-pattern",
         VALID + "  patterns: ['Conv+Relu']\n",
-        19,
+        20,
         "$[0].patterns[0]",
         "'Conv+Relu' is not a fusion pattern",
     ),

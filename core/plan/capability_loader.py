@@ -256,8 +256,34 @@ def _check_semantics(
                     ),
                     hint="list float fallbacks under 'ops' only",
                 )
+            declared_algorithms = block.get("algorithms")
             for mode, per_op in modes.items():
-                for op_type in per_op:
+                for op_type, tensors in per_op.items():
+                    for tensor, options in tensors.items():
+                        for position, algorithm in enumerate(options.get("algorithm", [])):
+                            if declared_algorithms is not None and (
+                                algorithm not in declared_algorithms
+                            ):
+                                raise CapabilityError(
+                                    _error(
+                                        source,
+                                        lines,
+                                        (
+                                            index,
+                                            "capabilities",
+                                            precision,
+                                            mode,
+                                            op_type,
+                                            tensor,
+                                            "algorithm",
+                                            position,
+                                        ),
+                                        f"algorithm {algorithm!r} is not declared in this "
+                                        f"block's 'algorithms' ({', '.join(declared_algorithms)})",
+                                    ),
+                                    hint="fix the name, or add it to 'algorithms' if the "
+                                    "adaptor implements it",
+                                )
                     declared = block["ops"].get(precision, [])
                     if op_type != "default" and op_type not in declared and "*" not in declared:
                         raise CapabilityError(
