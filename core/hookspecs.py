@@ -254,6 +254,57 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 
 
 @hookspec(firstresult=True)
+def lpq_set_tensor(framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
+    """Write ``value`` (a numpy array) into the named weight or bias tensor of ``model``.
+
+    :param model: an fp32 model or one returned by ``lpq_quantize``.
+    :param tensor_name: the tensor's name as ``lpq_inspect_tensor`` reports it in
+        :attr:`lpq.Inspection.weights` (for quantized models: the fp32 name; the adaptor
+        re-quantizes the value with the tensor's existing scale).
+    :param value: the new value, same shape as the tensor.
+    :return: the model with the tensor replaced (a new object or ``model`` itself), or
+        ``None`` if not yours.
+
+    Lets core-side algorithms (bias correction, weight equalization) work on any
+    adaptor. Optional: lpq raises :class:`lpq.NoAdaptorError` when an algorithm needs it
+    and the adaptor lacks it. Raise :class:`lpq.ModelError` for an unknown tensor name or
+    a shape mismatch.
+    """
+
+
+@hookspec(firstresult=True)
+def lpq_convert(framework: str, model: Any, target: str, options: dict[str, Any]) -> Any | None:
+    """Convert ``model`` into another format.
+
+    :param model: a model of this framework (fp32, quantized, or QAT-prepared).
+    :param target: what to produce: ``"onnx"`` (an ONNX model; QDQ nodes where the model
+        is quantized), ``"deploy"`` (a QAT / fake-quantized model to its deployable int8
+        form), or an adaptor-specific name.
+    :param options: target options (e.g. ``{"opset": 17, "example_inputs": ...}``).
+    :return: the converted model (an ``onnx.ModelProto`` for ``"onnx"``), or ``None`` if
+        not yours. Raise :class:`lpq.ModelError` for a target the adaptor does not offer,
+        naming the targets it does.
+
+    Called by ``lpq deploy`` and the Python API. Optional.
+    """
+
+
+@hookspec(firstresult=True)
+def lpq_quantize_input(framework: str, model: Any, options: dict[str, Any]) -> Any | None:
+    """Make a quantized model take and return integer tensors at its boundary.
+
+    :param model: a model returned by ``lpq_quantize``.
+    :param options: ``{"inputs": True, "outputs": True}`` and the integer dtype.
+    :return: the model with the first quantize / last dequantize removed, so callers feed
+        and read ``int8``/``uint8`` tensors directly (their scales and zero points are in
+        the model's metadata), or ``None`` if not yours.
+
+    For pipelines that already hold int8 data (camera ISPs, a previous int8 model).
+    Optional.
+    """
+
+
+@hookspec(firstresult=True)
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     """Write ``model`` (fp32 or quantized) to ``path`` atomically.
 

@@ -389,6 +389,25 @@ class PluginManager:
         result = self._pm.hook.lpq_quantized_ops(framework=framework, model=model)
         return dict(result) if result is not None else None
 
+    def set_tensor(self, framework: str, model: Any, tensor_name: str, value: Any) -> Any:
+        return self._dispatch(
+            "lpq_set_tensor", framework, model=model, tensor_name=tensor_name, value=value
+        )
+
+    def convert(
+        self, framework: str, model: Any, target: str, options: dict[str, Any] | None = None
+    ) -> Any:
+        return self._dispatch(
+            "lpq_convert", framework, model=model, target=target, options=dict(options or {})
+        )
+
+    def quantize_input(
+        self, framework: str, model: Any, options: dict[str, Any] | None = None
+    ) -> Any:
+        return self._dispatch(
+            "lpq_quantize_input", framework, model=model, options=dict(options or {})
+        )
+
     def save_model(self, framework: str, model: Any, path: str | Path) -> Path:
         result: Path = self._dispatch("lpq_save_model", framework, model=model, path=Path(path))
         return result
