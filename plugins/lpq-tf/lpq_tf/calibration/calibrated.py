@@ -1,0 +1,66 @@
+"""Calibrated models, computed once per (model, samples) and cached on the prepared model."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..model_io import Prepared, convert_saved_model
+from ..tfenv import captured_stderr, import_tf
+from .samples import Samples
+
+
+def converter_calibrated(prepared: Prepared, samples: Samples) -> bytes:
+    """The float model with TFLite's calibrated min/max on every tensor.
+
+    This is the converter's own calibration step (``_experimental_calibrate_only``, what
+    ``tf.lite.experimental.QuantizationDebugger`` runs before it quantizes with
+    denylisted nodes); the quantization itself is then cheap and done per trial.
+    """
+    key = ("converter-calibrated", samples.digest, len(samples))
+    if key not in prepared.cache:
+        tf = import_tf()
+        assert prepared.saved_model_dir is not None
+
+        def configure(converter: Any) -> None:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.representative_dataset = samples.as_lists
+            converter._experimental_calibrate_only = True
+
+        prepared.cache[key] = convert_saved_model(prepared.saved_model_dir, configure)
+    result: bytes = prepared.cache[key]
+    return result
+
+
+def aeq_calibration(prepared: Prepared, samples: Samples) -> dict[str, Any]:
+    """ai-edge-quantizer's per-tensor ranges for every tensor a static recipe can touch.
+
+    Calibrated once with an all-ops static recipe, so one result serves every trial's
+    recipe (ranges do not depend on the bits or on which ops end up quantized).
+    """
+    key = ("aeq-calibration", samples.digest, len(samples))
+    if key not in prepared.cache:
+        from ai_edge_quantizer import qtyping, quantizer
+
+        from ..runtime import create_interpreter
+
+        signatures = create_interpreter(prepared.float_tflite).get_signature_list()
+        signature = next(iter(signatures), None)
+        if signature is None:
+            from lpq import ModelError
+
+            raise ModelError(
+                f"{prepared.source}: the .tflite has no signature, which ai-edge-quantizer "
+                "needs to calibrate",
+                hint="re-convert the model from its SavedModel or Keras model with lpq",
+            )
+        names = [spec.signature_name or spec.name for spec in samples.specs]
+        tool = quantizer.Quantizer(prepared.float_tflite)
+        tool.add_static_config(".*", qtyping.TFLOperationName.ALL_SUPPORTED, 8, 8)
+        with captured_stderr():
+            prepared.cache[key] = tool.calibrate(
+                {signature: samples.as_signature_dicts(names)},
+                num_threads=os.cpu_count() or 1,
+            )
+    result: dict[str, Any] = prepared.cache[key]
+    return result

@@ -1,0 +1,162 @@
+"""Apply a tune_cfg to a TensorFlow model: pick the quantizer that can express it exactly.
+
+* **TFLite converter** (Keras / SavedModel inputs), the maintained path:
+  - full-integer int8, every quantized op alike: calibrate once, then quantize per trial
+    with the op-wise fp32 fallbacks as *denylisted nodes* (the converter's selective
+    quantization, as ``tf.lite.experimental.QuantizationDebugger`` applies it);
+  - 16x8 or dynamic range for the whole model (the converter has no per-op switch there).
+* **ai-edge-quantizer** (Google's per-op recipe quantizer) for everything else: float
+  ``.tflite`` inputs, 16x8 or dynamic with per-op fallbacks, int8/int16 mixes, per-op
+  weight granularity, fp16 weights per op.
+
+Ops of the capability that the tune_cfg omits stay float, as the contract asks. The
+input model is never modified. Which quantizer ran is recorded on the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from lpq import ConfigError, OpConfig, TuneConfig
+
+from . import calibration
+from .capability import load_spec, quantizable_ops
+from .model_io import Prepared, prepare
+from .qmodel import QuantizedModel
+
+CONVERTER = "tflite-converter"
+AEQ = "ai-edge-quantizer"
+FLOAT = "float"
+_IO_DTYPES = ("float32", "int8")
+
+
+def quantize(
+    model: Any,
+    tune_cfg: TuneConfig,
+    calib_dataloader: Iterable[Any] | calibration.Samples | None,
+) -> QuantizedModel:
+    """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring.
+
+    ``calib_dataloader`` may also be the :class:`~lpq_tf.calibration.Samples` of an
+    earlier quantization (fp16 conversion re-quantizes with them).
+    """
+    prepared = prepare(model)
+    by_name = {name: (op_type, tensor) for name, op_type, tensor in prepared.ops()}
+    unknown = [name for name, _ in tune_cfg.ops if name not in by_name]
+    if unknown:
+        raise ConfigError(
+            f"the tune_cfg names op(s) the model does not have: {', '.join(unknown[:5])}",
+            hint="build the tune_cfg from this model's capability (lpq capability / "
+            "pm.query_capability)",
+        )
+    for (name, _), cfg in tune_cfg.ops.items():
+        _check_op_config(name, cfg)
+    options = dict(tune_cfg.options)
+    io_dtype = str(options.get("io_dtype", "float32"))
+    if io_dtype not in _IO_DTYPES:
+        raise ConfigError(f"unknown io_dtype {io_dtype!r}", hint="use float32 or int8")
+    configs = _all_op_configs(prepared, tune_cfg)
+    route = choose_route(prepared, configs)
+    samples = _samples(prepared, configs, tune_cfg, calib_dataloader)
+    if route == FLOAT:
+        content = prepared.float_tflite
+    elif route == CONVERTER:
+        from .converter_pass import quantize_with_converter
+
+        content = quantize_with_converter(prepared, configs, samples, io_dtype)
+    else:
+        from .aeq_pass import quantize_with_aeq
+
+        by_tensor = {by_name[name][1]: cfg for name, cfg in configs.items()}
+        content = quantize_with_aeq(prepared, by_tensor, samples, io_dtype)
+    return QuantizedModel(
+        content,
+        tune_cfg,
+        prepared.ops(),
+        route,
+        quantizable=list(configs),
+        options=options,
+        source=prepared,
+        samples=samples,
+    )
+
+
+def _check_op_config(name: str, cfg: OpConfig) -> None:
+    if not cfg.quantized:
+        if cfg.precision == "bf16":
+            raise ConfigError(
+                f"op {name}: LiteRT has no bf16 kernels on CPU",
+                hint="keep the op in fp32, or use fp16 (float16 weights)",
+            )
+        return
+    if cfg.mode not in ("static", "dynamic"):
+        raise ConfigError(
+            f"op {name}: LiteRT has no {cfg.mode!r} quantization",
+            hint="use static (int8 or 16x8) or dynamic",
+        )
+    activation = cfg.activation.dtype if cfg.activation else "int8"
+    if cfg.mode == "static" and activation not in ("int8", "int16"):
+        raise ConfigError(
+            f"op {name}: activations in {activation} are not a TFLite quantization",
+            hint="use int8 (full integer) or int16 (16x8)",
+        )
+    weight = cfg.weight.dtype if cfg.weight else "int8"
+    if weight != "int8":
+        raise ConfigError(
+            f"op {name}: weights in {weight}: LiteRT's CPU kernels take int8 weights",
+            hint="use int8 weights",
+        )
+
+
+def _all_op_configs(prepared: Prepared, tune_cfg: TuneConfig) -> dict[str, OpConfig]:
+    """Every capability op's config; ops the tune_cfg omits stay fp32."""
+    configs = {name: OpConfig.fallback() for name, _ in quantizable_ops(prepared)}
+    configs.update({name: cfg for (name, _), cfg in tune_cfg.ops.items()})
+    return configs
+
+
+def _signature(cfg: OpConfig) -> tuple[Any, ...]:
+    granularity = cfg.weight.granularity if cfg.weight else None
+    activation = cfg.activation.dtype if cfg.activation else None
+    return (cfg.precision, cfg.mode, activation, granularity)
+
+
+def choose_route(prepared: Prepared, configs: dict[str, OpConfig]) -> str:
+    """``float``, ``tflite-converter`` or ``ai-edge-quantizer`` for this set of choices."""
+    quantized = {name: cfg for name, cfg in configs.items() if cfg.quantized}
+    if any(cfg.precision == "fp16" for cfg in configs.values()):
+        return AEQ
+    if not quantized:
+        return FLOAT
+    if prepared.saved_model_dir is None:
+        return AEQ  # a .tflite input: the converter needs a SavedModel
+    kinds = {_signature(cfg) for cfg in quantized.values()}
+    if len(kinds) != 1:
+        return AEQ
+    precision, mode, activation, _ = next(iter(kinds))
+    if mode == "static" and activation == "int8":
+        return CONVERTER  # fallbacks become denylisted nodes
+    # 16x8 and dynamic range are whole-model switches in the converter: use it only when
+    # every op that could take the mode does.
+    spec = load_spec()
+    types = {name: op_type for name, op_type, _ in prepared.ops()}
+    eligible = [
+        name
+        for name in configs
+        if any(c.precision == precision and c.mode == mode for c in spec.for_op_type(types[name]))
+    ]
+    return CONVERTER if all(name in quantized for name in eligible) else AEQ
+
+
+def _samples(
+    prepared: Prepared,
+    configs: dict[str, OpConfig],
+    tune_cfg: TuneConfig,
+    dataloader: Iterable[Any] | calibration.Samples | None,
+) -> calibration.Samples | None:
+    if not any(cfg.quantized and cfg.mode == "static" for cfg in configs.values()):
+        return None
+    if isinstance(dataloader, calibration.Samples):
+        return dataloader
+    return calibration.collect(prepared.float_tflite, dataloader, tune_cfg.calib_sampling_size)

@@ -1,0 +1,199 @@
+"""Running a ``.tflite`` model with ai-edge-litert's interpreter, batch by batch.
+
+``tf.lite.Interpreter`` is deprecated; ``ai_edge_litert.interpreter.Interpreter`` is the
+maintained runtime and imports no TensorFlow. :class:`Runner` resizes the inputs when the
+batch size changes, checks every batch against the model's inputs (a misfit is a
+:class:`lpq.DataError` naming the input, not a C++ error), quantizes float data for
+integer-input models and dequantizes integer outputs, so every model answers in float32.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lpq import DataError, split_batch, take_samples
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its names, dtype, shape (None for dynamic dims) and quantization."""
+
+    index: int
+    name: str
+    signature_name: str | None
+    dtype: Any
+    shape: tuple[int | None, ...]
+    scale: float
+    zero_point: int
+
+    def describe(self) -> str:
+        dims = "x".join("N" if d is None else str(d) for d in self.shape)
+        return f"{np.dtype(self.dtype).name}[{dims}]"
+
+
+def create_interpreter(content: bytes, threads: int | None = None, preserve: bool = False) -> Any:
+    """A LiteRT interpreter for ``content`` (``preserve`` keeps every intermediate tensor)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from lpq import ModelError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # preserve_all_tensors warns it is for debugging
+            return Interpreter(
+                model_content=content,
+                num_threads=threads,
+                experimental_preserve_all_tensors=preserve,
+            )
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(
+            f"LiteRT cannot load the model: {exc}".splitlines()[0],
+            hint="the model may use custom ops or TF (Flex) ops that ai-edge-litert lacks",
+        ) from None
+
+
+class Runner:
+    """One interpreter plus the bookkeeping to feed it batches of any size."""
+
+    def __init__(self, content: bytes, threads: int | None = None, preserve: bool = False):
+        self.interpreter = create_interpreter(content, threads, preserve)
+        self.specs = input_specs(self.interpreter)
+        self.outputs = self.interpreter.get_output_details()
+        self._shapes: tuple[tuple[int, ...], ...] | None = None
+
+    def feed(self, inputs: Any) -> list[np.ndarray]:
+        """The arrays of one batch, checked and ordered like the model's inputs."""
+        return make_feed(self.specs, inputs)
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run one checked batch; float32 outputs in the model's output order."""
+        shapes = tuple(a.shape for a in arrays)
+        interpreter = self.interpreter
+        if shapes != self._shapes:
+            try:
+                for spec, shape in zip(self.specs, shapes):
+                    interpreter.resize_tensor_input(spec.index, list(shape), strict=False)
+                interpreter.allocate_tensors()
+            except (ValueError, RuntimeError) as exc:
+                raise DataError(
+                    f"LiteRT cannot run inputs of shape {list(shapes)}: {exc}".splitlines()[0],
+                    hint="the model may have a fixed batch size; batch the data to match",
+                ) from None
+            self._shapes = shapes
+        for spec, array in zip(self.specs, arrays):
+            interpreter.set_tensor(spec.index, array)
+        try:
+            interpreter.invoke()
+        except RuntimeError as exc:
+            raise DataError(
+                f"LiteRT could not run the batch: {exc}".splitlines()[0],
+                hint="check the data's shapes and dtypes against the model's inputs",
+            ) from None
+        return [
+            _to_float(detail, interpreter.get_tensor(detail["index"])) for detail in self.outputs
+        ]
+
+    def batches(
+        self, dataloader: Iterable[Any], max_samples: int | None = None
+    ) -> Iterator[tuple[list[np.ndarray], Any]]:
+        """``(checked arrays, labels)`` per dataloader item; DataError on empty data."""
+        for item in take_samples(dataloader, max_samples):
+            inputs, labels = split_batch(item)
+            yield self.feed(inputs), labels
+
+
+def _to_float(detail: Mapping[str, Any], value: np.ndarray) -> np.ndarray:
+    scale, zero = detail.get("quantization", (0.0, 0))
+    if value.dtype.kind in "iu" and scale:
+        return ((value.astype(np.float32) - zero) * scale).astype(np.float32)
+    return np.array(value, copy=True)
+
+
+def input_specs(interpreter: Any) -> list[InputSpec]:
+    by_index: dict[int, str] = {}
+    signatures = interpreter.get_signature_list()
+    if len(signatures) == 1:
+        runner_inputs = next(iter(signatures.values()))["inputs"]
+        details = interpreter._get_full_signature_list()
+        key = next(iter(details))
+        by_index = {index: name for name, index in details[key]["inputs"].items()}
+        if len(by_index) != len(runner_inputs):
+            by_index = {}
+    specs = []
+    for detail in interpreter.get_input_details():
+        signature = detail.get("shape_signature", detail["shape"])
+        scale, zero = detail.get("quantization", (0.0, 0))
+        specs.append(
+            InputSpec(
+                index=detail["index"],
+                name=detail["name"],
+                signature_name=by_index.get(detail["index"]),
+                dtype=detail["dtype"],
+                shape=tuple(None if int(d) < 0 else int(d) for d in signature),
+                scale=float(scale),
+                zero_point=int(zero),
+            )
+        )
+    return specs
+
+
+def _check(spec: InputSpec, array: Any) -> np.ndarray:
+    value = np.asarray(array)
+    want = np.dtype(spec.dtype)
+    if want.kind in "iu" and spec.scale and value.dtype.kind == "f":
+        # An integer-input model fed float data: quantize it as the model says.
+        info = np.iinfo(want)
+        value = np.clip(np.round(value / spec.scale + spec.zero_point), info.min, info.max)
+        value = value.astype(want)
+    elif value.dtype != want:
+        # Same kind only (float64 -> float32 is fine): integers fed to a float input are
+        # usually unnormalised pixels or token ids, a mistake worth reporting.
+        if value.dtype.kind != want.kind:
+            raise DataError(
+                f"input {spec.name!r} has dtype {value.dtype}, the model expects {spec.describe()}",
+                hint=f"convert the data with .astype(numpy.{want.name})",
+            )
+        value = value.astype(want)
+    fits = value.ndim == len(spec.shape) and all(
+        want_dim is None or want_dim == got or i == 0
+        for i, (want_dim, got) in enumerate(zip(spec.shape, value.shape))
+    )
+    if not fits:
+        raise DataError(
+            f"input {spec.name!r} has shape {tuple(value.shape)}, the model expects "
+            f"{spec.describe()}",
+            hint="reshape the data to the model's input shape (N is the batch)",
+        )
+    return np.ascontiguousarray(value)
+
+
+def make_feed(specs: list[InputSpec], inputs: Any) -> list[np.ndarray]:
+    """One batch's arrays in model input order, from an array, a list or a dict by name."""
+    if isinstance(inputs, Mapping):
+        lookup = {}
+        for spec in specs:
+            for name in (spec.name, spec.signature_name, spec.name.split(":")[0]):
+                if name is not None:
+                    lookup[name] = spec
+        unknown = [name for name in inputs if name not in lookup]
+        if unknown or len(inputs) != len(specs):
+            raise DataError(
+                f"the data's inputs {sorted(inputs)} do not match the model's",
+                hint="the model takes: "
+                + ", ".join(f"{s.signature_name or s.name} {s.describe()}" for s in specs),
+            )
+        ordered = {lookup[name].index: value for name, value in inputs.items()}
+        return [_check(spec, ordered[spec.index]) for spec in specs]
+    arrays = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+    if len(arrays) != len(specs):
+        raise DataError(
+            f"the data gives {len(arrays)} input array(s), the model takes {len(specs)}: "
+            + ", ".join(f"{s.signature_name or s.name} {s.describe()}" for s in specs),
+            hint="yield a dict of input name to array for multi-input models",
+        )
+    return [_check(spec, array) for spec, array in zip(specs, arrays)]
