@@ -1,0 +1,68 @@
+"""lpq_convert_bf16: run chosen Convolution / FullyConnected ops in bfloat16 (oneDNN).
+
+MXNet's AMP pass (``amp.convert_symbol``) inserts the casts around the chosen ops; the
+parameters stay fp32 in the model and are cast by the graph. MXNet 1.9 has bf16 CPU
+kernels for Convolution and FullyConnected only (``amp.list_lp16_ops``) and no fp16 CPU
+kernels, so anything else is refused with a ModelError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lpq import ModelError
+
+from .framework import mxnet
+from .graph import op_nodes
+from .model import ModelInfo
+
+
+def bf16_op_types() -> list[str]:
+    """Op types MXNet's AMP runs in bf16 on this build."""
+    from mxnet.contrib import amp
+    from mxnet.contrib.amp.amp import bfloat16
+
+    return list(amp.list_lp16_ops(bfloat16))
+
+
+def convert(
+    model: Any, op_names: Sequence[str], dtype: str, tune_cfg: dict[str, Any] | None = None
+) -> Any:
+    """A new block running ``op_names`` of the fp32 ``model`` in bf16."""
+    mxnet()
+    from mxnet.contrib import amp
+
+    from .quantize import fp32_graph
+
+    if dtype != "bf16":
+        raise ModelError(
+            f"MXNet has no {dtype} kernels on CPU",
+            hint="use bf16 (oneDNN) or keep the ops in fp32",
+        )
+    graph = fp32_graph(model, 0)
+    types = dict(op_nodes(graph.json()))
+    supported = bf16_op_types()
+    for name in op_names:
+        if name not in types:
+            raise ModelError(
+                f"the model has no op named {name}",
+                hint="take op names from the adaptor's capability (lpq capability)",
+            )
+        if types[name] not in supported:
+            raise ModelError(
+                f"oneDNN has no bf16 kernel for {types[name]} (op {name})",
+                hint=f"convert only {' / '.join(supported)} ops to bf16",
+            )
+    chosen = set(op_names)
+    excluded = [n for n, t in types.items() if t in supported and n not in chosen]
+    symbol = amp.convert_symbol(
+        graph.symbol,
+        "bfloat16",
+        target_dtype_ops=supported,
+        excluded_sym_names=excluded,
+        data_names=list(graph.input_names),
+    )
+    info = ModelInfo(symbol, list(graph.input_names), "bf16", graph.tunable_ops(), tune_cfg)
+    graph.symbol = symbol
+    return graph.block(info)

@@ -1,0 +1,178 @@
+"""lpq_inspect_tensor and lpq_quantized_ops: what a model computes and runs, per fp32 op.
+
+An op's activation is the output of its oneDNN fusion group (a Convolution's is taken
+after the BatchNorm / ReLU / residual add fused with it), in the fp32 and the quantized
+model alike, because a fused int8 kernel has no other output; fp32 and int8 captures of
+the same op therefore compare directly. int8 outputs are dequantized with their
+calibrated range by MXNet's own ``dequantize``.
+
+Weights: the fp32 model's are captured as they are. A quantized model stores int8
+weights only for per-tensor FullyConnected (``*_weight_quantize`` with its range), which
+are captured dequantized; oneDNN quantizes Convolution and per-channel FullyConnected
+weights inside the kernel (after folding BatchNorm), so those are not in the model to
+read and are not reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from lpq import Inspection, ModelError, split_batch
+
+from . import data
+from .framework import mxnet
+from .graph import Group, group_of, groups
+from .model import Graph, to_graph
+
+
+@dataclass(frozen=True)
+class Tap:
+    """Where an op's activation is read: a tensor, plus its range if it is int8."""
+
+    tensor: str
+    min_tensor: str | None = None
+    max_tensor: str | None = None
+
+
+def inspect_tensor(
+    model: Any,
+    dataloader: Iterable[Any],
+    op_names: Sequence[str] | None,
+    kind: Literal["activation", "weight", "both"],
+    iteration: int | None,
+) -> Inspection:
+    first, items = data.peek(dataloader, "inspection")
+    graph = to_graph(model, data.num_inputs(first))
+    names = list(op_names) if op_names is not None else [n for n, _ in graph.tunable_ops()]
+    result = Inspection()
+    if kind in ("weight", "both"):
+        result.weights = _weights(graph, names)
+    if kind in ("activation", "both"):
+        result.activations = _activations(graph, names, items, iteration)
+    return result
+
+
+def quantized_ops(model: Any) -> dict[str, str]:
+    """fp32 op name -> precision it runs in, read from the model's graph."""
+    graph = to_graph(model)
+    precision = graph.info.precision if graph.info is not None else "fp32"
+    ops = graph.tunable_ops()
+    if precision == "bf16":
+        dtypes = _output_dtypes(graph)
+        return {
+            name: "bf16" if "bfloat16" in str(dtypes.get(f"{name}_output")) else "fp32"
+            for name, _ in ops
+        }
+    if precision != "int8":
+        return {name: "fp32" for name, _ in ops}
+    found = groups(graph.json())
+    result = {}
+    for name, _ in ops:
+        group = group_of(found, name)
+        result[name] = "int8" if group is not None and group.quantized else "fp32"
+    return result
+
+
+def _output_dtypes(graph: Graph) -> dict[str, Any]:
+    internals = graph.symbol.get_internals()
+    _, out_types, _ = internals.infer_type(**{n: "float32" for n in graph.input_names})
+    return dict(zip(internals.list_outputs(), out_types or []))
+
+
+def _taps(graph: Graph, names: Sequence[str]) -> dict[str, Tap]:
+    outputs = set(graph.symbol.get_internals().list_outputs())
+    int8 = graph.info is not None and graph.info.precision == "int8"
+    found = groups(graph.json() if int8 else graph.fused_json())
+    taps = {}
+    for name in names:
+        group = group_of(found, name)
+        if group is None:
+            raise ModelError(
+                f"the model has no op named {name}",
+                hint="take op names from the adaptor's capability (lpq capability)",
+            )
+        taps[name] = _quantized_tap(group, outputs) if int8 else _fp32_tap(group, outputs)
+    return taps
+
+
+def _fp32_tap(group: Group, outputs: set[str]) -> Tap:
+    """The fused group's output, read in the unfused fp32 graph: its head op's output."""
+    tensor = f"{group.head}_output"
+    if tensor not in outputs:
+        tensor = next(o for o in sorted(outputs) if o.startswith(f"{group.head}_output"))
+    return Tap(tensor)
+
+
+def _quantized_tap(group: Group, outputs: set[str]) -> Tap:
+    node = group.node
+    float_output = group.attrs.get("enable_float_output", "").lower() == "true"
+    if group.quantized and not float_output:
+        for suffixes in (("_output", "_output_min", "_output_max"),
+                         ("_output", "_min_output", "_max_output")):  # fmt: skip
+            names = [node + s for s in suffixes]
+            if all(n in outputs for n in names):
+                return Tap(*names)
+    return Tap(f"{node}_output")
+
+
+def _activations(
+    graph: Graph, names: Sequence[str], items: Iterable[Any], iteration: int | None
+) -> dict[str, list[np.ndarray]]:
+    mx = mxnet()
+    taps = _taps(graph, names)
+    internals = graph.symbol.get_internals()
+    wanted: list[str] = []
+    for tap in taps.values():
+        wanted.extend(t for t in (tap.tensor, tap.min_tensor, tap.max_tensor) if t)
+    wanted = list(dict.fromkeys(wanted))
+    probe = Graph(mx.sym.Group([internals[t] for t in wanted]), graph.params, graph.input_names)
+    block = probe.block()
+    captured: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for done, item in enumerate(items):
+        if iteration is not None and done >= iteration:
+            break
+        inputs = [data.to_nd(v) for v in data.ordered(split_batch(item)[0], graph.input_names)]
+        values = dict(zip(wanted, data.run(block, inputs)))
+        for name, tap in taps.items():
+            value = values[tap.tensor]
+            if tap.min_tensor and tap.max_tensor:
+                value = mx.nd.contrib.dequantize(
+                    value, values[tap.min_tensor], values[tap.max_tensor], out_type="float32"
+                )
+            captured[name].append(value.astype("float32").asnumpy())
+    return captured
+
+
+def _weights(graph: Graph, names: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+    mx = mxnet()
+    nodes = graph.json()["nodes"]
+    int8 = graph.info is not None and graph.info.precision == "int8"
+    found = groups(graph.json()) if int8 else None
+    result: dict[str, dict[str, np.ndarray]] = {}
+    for name in names:
+        tensors: dict[str, np.ndarray] = {}
+        if found is None:
+            node = next((n for n in nodes if n["name"] == name), None)
+            for index, *_ in (node or {}).get("inputs", []):
+                key = "arg:" + nodes[index]["name"]
+                if nodes[index]["op"] == "null" and key in graph.params:
+                    tensors[nodes[index]["name"]] = graph.params[key].asnumpy()
+        else:
+            group = group_of(found, name)
+            for tensor in group.inputs if group is not None else []:
+                if not tensor.endswith("_quantize"):
+                    continue
+                value, low, high = (
+                    graph.params.get(f"arg:{tensor}{s}") for s in ("", "_min", "_max")
+                )
+                if value is not None and low is not None and high is not None:
+                    tensors[tensor.removesuffix("_quantize")] = mx.nd.contrib.dequantize(
+                        value, low, high, out_type="float32"
+                    ).asnumpy()
+        if tensors:
+            result[name] = tensors
+    return result

@@ -1,0 +1,237 @@
+"""Every model lpq-mxnet accepts, as one form: a symbol, its parameters, its input names.
+
+Accepted: a Gluon ``HybridBlock`` (traced with symbolic inputs, which neither hybridizes
+nor otherwise changes it), an exported ``PREFIX-symbol.json`` + ``PREFIX-NNNN.params``
+pair (named by either file or the prefix), and the blocks lpq-mxnet itself returns. The
+latter carry a :class:`ModelInfo` (attribute ``lpq_mxnet``) with the graph they run, so
+inspection, saving and op reports read the converted graph itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lpq import DataError, LpqError, ModelError
+
+from . import graph as graphs
+from .framework import mxnet, quiet
+
+#: Attribute holding the :class:`ModelInfo` of blocks lpq-mxnet returns.
+INFO_ATTR = "lpq_mxnet"
+
+
+@dataclass
+class ModelInfo:
+    """What lpq-mxnet knows about a block it built: the graph it runs and how it came about.
+
+    ``precision`` is ``fp32``, ``int8`` or ``bf16``; ``ops`` are the fp32 model's tunable
+    ops; ``tune_cfg`` is the JSON of the tune_cfg that produced it (``None``: none).
+    """
+
+    symbol: Any
+    input_names: list[str]
+    precision: str = "fp32"
+    ops: list[tuple[str, str]] = field(default_factory=list)
+    tune_cfg: dict[str, Any] | None = None
+
+
+@dataclass
+class Graph:
+    """A model as a symbol plus parameters (``arg:NAME`` / ``aux:NAME`` -> NDArray, the
+    layout of MXNet's ``.params`` files) and its input names, in call order."""
+
+    symbol: Any
+    params: dict[str, Any]
+    input_names: list[str]
+    info: ModelInfo | None = None
+
+    def json(self) -> dict[str, Any]:
+        return graphs.graph_json(self.symbol)
+
+    def fused_json(self) -> dict[str, Any]:
+        """The graph as oneDNN partitions it for quantization (what quantize_net_v2 does
+        first); a quantized graph is already partitioned."""
+        if self.info is not None and self.info.precision == "int8":
+            return self.json()
+        return graphs.graph_json(self.symbol.get_backend_symbol(backend_name()))
+
+    def tunable_ops(self) -> list[tuple[str, str]]:
+        if self.info is not None and self.info.ops:
+            return list(self.info.ops)
+        return graphs.tunable_ops(self.fused_json())
+
+    def block(self, info: ModelInfo | None = None, hybridize: bool = True) -> Any:
+        """A new SymbolBlock running this graph on copies of the parameters, hybridized
+        with ``static_alloc`` and ``static_shape`` (MXNet's fast inference path)."""
+        mx = mxnet()
+        with quiet():
+            block = mx.gluon.SymbolBlock(self.symbol, [mx.sym.var(n) for n in self.input_names])
+            block.collect_params().load_dict(
+                {k: v.copy() for k, v in self.params.items()},
+                ctx=mx.cpu(),
+                ignore_extra=True,
+                cast_dtype=True,
+                dtype_source="saved",
+            )
+        if hybridize:
+            block.hybridize(static_alloc=True, static_shape=True)
+        setattr(block, INFO_ATTR, info or self.info or self.default_info())
+        return block
+
+    def default_info(self) -> ModelInfo:
+        return ModelInfo(self.symbol, list(self.input_names), "fp32", self.tunable_ops())
+
+
+def backend_name() -> str:
+    """oneDNN's quantization partitioner: ``MKLDNN_QUANTIZE`` in MXNet 1.x (renamed
+    ``ONEDNN_QUANTIZE`` in 2.0)."""
+    return "MKLDNN_QUANTIZE" if str(mxnet().__version__).startswith("1.") else "ONEDNN_QUANTIZE"
+
+
+def info_of(model: Any) -> ModelInfo | None:
+    info = getattr(model, INFO_ATTR, None)
+    return info if isinstance(info, ModelInfo) else None
+
+
+def input_names(count: int) -> list[str]:
+    """Gluon's names for a block's inputs: ``data``, or ``data0``, ``data1``, ..."""
+    return ["data"] if count == 1 else [f"data{i}" for i in range(count)]
+
+
+def to_graph(model: Any, num_inputs: int | None = None) -> Graph:
+    """Any accepted model as a :class:`Graph`.
+
+    :param num_inputs: how many inputs a HybridBlock takes, when known from the data;
+        otherwise read from its ``hybrid_forward`` signature.
+    :raises lpq.ModelError: for anything else, naming what was given and what to pass.
+    """
+    if isinstance(model, str | Path):
+        from .persist import read_export
+
+        return read_export(model)
+    mx = mxnet()
+    info = info_of(model)
+    if info is not None:
+        return Graph(info.symbol, block_params(model, info.symbol), list(info.input_names), info)
+    if isinstance(model, mx.gluon.SymbolBlock):
+        names = [s.name for s in model._cached_graph[0]]  # the symbol inputs it was built on
+        symbol = model(*[mx.sym.var(n) for n in names])
+        return Graph(symbol, block_params(model, symbol), names)
+    if isinstance(model, mx.gluon.HybridBlock):
+        return _trace(model, num_inputs or _signature_inputs(model))
+    if isinstance(model, mx.gluon.Block):
+        raise ModelError(
+            f"{type(model).__name__} ({model.name}) is a gluon.Block, which MXNet cannot "
+            "export to a graph",
+            hint="derive it from gluon.HybridBlock (hybrid_forward) so it can be quantized",
+        )
+    raise ModelError(
+        f"the MXNet adaptor takes a Gluon HybridBlock or an exported model, not a "
+        f"{type(model).__module__}.{type(model).__name__}",
+        hint="pass a gluon.HybridBlock, or PREFIX-symbol.json / PREFIX-NNNN.params from "
+        "HybridBlock.export(PREFIX)",
+    )
+
+
+def block_params(block: Any, symbol: Any) -> dict[str, Any]:
+    """The parameters ``symbol`` needs, from ``block``, in ``.params`` layout."""
+    aux = set(symbol.list_auxiliary_states())
+    wanted = set(symbol.list_arguments()) | aux
+    params = {}
+    for name, param in block.collect_params().items():
+        if name not in wanted:
+            continue
+        try:
+            value = param.data()
+        except Exception as exc:  # DeferredInitializationError, RuntimeError: not initialized
+            raise ModelError(
+                f"parameter {name} of the Gluon block has no value yet ({exc})",
+                hint="initialize the block (net.initialize() or net.load_parameters(...)) "
+                "and run it once on an input",
+            ) from exc
+        params[("aux:" if name in aux else "arg:") + name] = value
+    return params
+
+
+def _signature_inputs(block: Any) -> int:
+    """Positional inputs of ``hybrid_forward(self, F, x, ...)``, at least one."""
+    try:
+        params = list(inspect.signature(block.hybrid_forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return 1
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return max(1, len(positional))
+
+
+def _trace(block: Any, count: int) -> Graph:
+    """Build the block's graph by calling it on symbols (what ``hybridize`` does
+    internally, without changing the block); a layer that cannot take symbolic inputs is
+    reported by name."""
+    mx = mxnet()
+    names = input_names(count)
+    with _layer_stack(block) as stack:
+        try:
+            out = block(*[mx.sym.var(n) for n in names])
+        except LpqError:
+            raise
+        except Exception as exc:
+            layer = stack[-1] if stack else f"{type(block).__name__} ({block.name})"
+            raise ModelError(
+                f"the Gluon block cannot be hybridized: layer {layer} fails on symbolic "
+                f"inputs ({type(exc).__name__}: {exc})",
+                hint="write that layer's hybrid_forward with F.* operators only (no NDArray "
+                "methods such as asnumpy/asscalar, no Python branches on tensor values), "
+                f"and check the block takes {count} input(s)",
+            ) from exc
+    if isinstance(out, list | tuple):
+        out = mx.sym.Group(list(out))
+    if not isinstance(out, mx.sym.Symbol):
+        raise ModelError(
+            f"{type(block).__name__} returned {type(out).__name__} for symbolic inputs",
+            hint="hybrid_forward must return F.* results",
+        )
+    missing = [n for n in out.list_inputs() if n not in names and n not in _param_names(block)]
+    if missing:
+        raise DataError(
+            f"the block's graph has inputs {missing} besides {names}",
+            hint="pass one array per model input (a tuple or a dict per batch)",
+        )
+    return Graph(out, block_params(block, out), names)
+
+
+def _param_names(block: Any) -> set[str]:
+    return set(block.collect_params().keys())
+
+
+@contextmanager
+def _layer_stack(block: Any) -> Iterator[list[str]]:
+    """Track which (sub-)block is running, via forward hooks removed afterwards."""
+    stack: list[str] = []
+    handles: list[Any] = []
+
+    def push(layer: Any, _args: Any) -> None:
+        stack.append(f"{type(layer).__name__} ({layer.name})")
+
+    def pop(_layer: Any, _args: Any, _out: Any) -> None:
+        if stack:
+            stack.pop()
+
+    def attach(layer: Any) -> None:
+        handles.append(layer.register_forward_pre_hook(push))
+        handles.append(layer.register_forward_hook(pop))
+
+    block.apply(attach)
+    try:
+        yield stack
+    finally:
+        for handle in handles:
+            handle.detach()
