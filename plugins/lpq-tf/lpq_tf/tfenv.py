@@ -18,8 +18,27 @@ from typing import Any
 
 
 def import_tf() -> Any:
-    """``tensorflow``, imported with its C++ INFO/WARNING logs off."""
+    """``tensorflow``, imported with its C++ INFO/WARNING logs off.
+
+    The first import runs with stderr captured: TensorFlow prints its oneDNN notice before
+    its log level applies. An import that fails shows what TensorFlow printed.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" not in sys.modules:
+        with captured_stderr() as log:
+            try:
+                import tensorflow  # noqa: F401
+            except Exception as exc:
+                error = exc
+            else:
+                error = None
+        if error is not None:
+            from lpq import ModelError
+
+            raise ModelError(
+                f"TensorFlow cannot be imported: {type(error).__name__}: {error}",
+                hint="pip install tensorflow-cpu (2.16 or later)\n" + log.tail(),
+            )
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from ..model_io import Prepared, convert_saved_model
@@ -57,7 +58,8 @@ def aeq_calibration(prepared: Prepared, samples: Samples) -> dict[str, Any]:
         names = [spec.signature_name or spec.name for spec in samples.specs]
         tool = quantizer.Quantizer(prepared.float_tflite)
         tool.add_static_config(".*", qtyping.TFLOperationName.ALL_SUPPORTED, 8, 8)
-        with captured_stderr():
+        with captured_stderr(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # preserve_all_tensors "is for debugging"
             prepared.cache[key] = tool.calibrate(
                 {signature: samples.as_signature_dicts(names)},
                 num_threads=os.cpu_count() or 1,
