@@ -187,15 +187,16 @@ def _convert_opset(model: onnx.ModelProto, version: int) -> None:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference: ORT's symbolic inference, falling back to onnx's on failure."""
+    """Shape inference: ORT's symbolic inference, falling back to onnx's on failure.
+
+    ORT's ``SymbolicShapeInference.infer_shapes`` writes ``sym_shape_infer_temp.onnx`` into
+    the current directory when it cannot infer every shape; its steps are run here
+    directly so that nothing lands in the user's folder.
+    """
     import onnx
 
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inferred = SymbolicShapeInference.infer_shapes(
-            model, auto_merge=True, guess_output_rank=True
-        )
+        inferred = _symbolic_shapes(model)
         if inferred is not None:
             return inferred
     except Exception as exc:  # symbolic inference fails on some real graphs
@@ -205,6 +206,23 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as exc:
         log.info("onnx shape inference failed too (%s); continuing without shapes", exc)
         return model
+
+
+def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ORT's symbolic shape inference, or None when it does not infer every shape."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    if opset_of(model) < 7:
+        return None
+    inference = SymbolicShapeInference(2**31 - 1, True, True, 0)
+    inference._preprocess(model)
+    complete = False
+    for _ in range(64):  # ORT loops until no merge is suggested; bound it all the same
+        if not inference.run_:
+            break
+        complete = inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_ if complete else None
 
 
 def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -268,6 +286,11 @@ def prepare(model: Any) -> PreparedModel:
     optimized = optimize(proto)
     # Optimizations keep the names of surviving nodes; name the nodes they created.
     name_nodes(optimized)
+    from .simplify import simplify
+
+    rewrites = simplify(optimized)
+    if rewrites:
+        log.info("simplified %d op chains (affine folds, HardSwish)", rewrites)
     optimized = infer_shapes(optimized)
     prepared = PreparedModel(
         optimized, key, str(model) if isinstance(model, str | os.PathLike) else "<ModelProto>"

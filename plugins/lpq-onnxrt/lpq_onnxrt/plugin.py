@@ -187,9 +187,18 @@ def lpq_inspect_tensor(
 ) -> lpq.Inspection | None:
     if framework != FRAMEWORK:
         return None
-    from .inspect import inspect
+    from .inspection import inspect
 
     return inspect(model, dataloader, op_names, kind, iteration)
+
+
+@lpq.hookimpl
+def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
+    if framework != FRAMEWORK:
+        return None
+    from .precision import quantized_ops
+
+    return quantized_ops(model)
 
 
 @lpq.hookimpl

@@ -34,6 +34,8 @@ class QuantizedModel:
     fp32_outputs: dict[str, str] = field(default_factory=dict)
     #: fp32 node name -> names of its float weight initializers in the fp32 model.
     fp32_weights: dict[str, list[str]] = field(default_factory=dict)
+    #: latency-aware decisions (ops kept fp32, format, measurements), when it ran.
+    latency: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         quantized = len(self.tune_cfg.quantized_ops())

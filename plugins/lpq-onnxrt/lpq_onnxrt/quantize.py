@@ -26,7 +26,7 @@ import numpy as np
 
 from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from . import model_io, ranges
+from . import latency, model_io, ranges
 from .qmodel import QuantizedModel
 
 if TYPE_CHECKING:
@@ -92,14 +92,16 @@ def quantize(
             )
         groups[cfg.mode][name] = cfg
 
-    fmt = str(tune_cfg.options.get("quant_format", "qdq")).lower()
-    if fmt in ("default", "qdq"):
-        fmt = "qdq"
-    if fmt not in _FORMATS:
+    fmt = str(tune_cfg.options.get("quant_format", "auto")).lower()
+    if fmt == "default":
+        fmt = "auto"
+    if fmt not in (*_FORMATS, "auto"):
         raise ConfigError(f"unknown quant_format {fmt!r}", hint="use qdq or qoperator")
 
     work = model_io.copy_model(base)
     used_ranges: dict[str, tuple[float, float]] = {}
+    effective = tune_cfg
+    decision: latency.LatencyDecision | None = None
     if groups["static"]:
         if calib_dataloader is None:
             raise DataError(
@@ -112,11 +114,36 @@ def quantize(
         stats = ranges.statistics(
             base, prepared.key, candidates, calib_dataloader, tune_cfg.calib_sampling_size
         )
-        work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
+        float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
+
+        def build(fp32_ops: frozenset[str], form: str) -> onnx.ModelProto:
+            static = {n: c for n, c in groups["static"].items() if n not in fp32_ops}
+            built = model_io.copy_model(base)
+            if static:
+                built, _ = _static_pass(built, static, tune_cfg, stats, form)
+            from .fallback import read_float_inputs
+
+            return read_float_inputs(built, base, [*float_ops, *fp32_ops])
+
+        if latency.enabled(tune_cfg.options):
+            decision = _latency_decision(
+                prepared, tune_cfg, groups["static"], calib_dataloader, fmt, build
+            )
+            fmt = decision.quant_format
+            dropped = {
+                key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in set(decision.fp32_ops)
+            }
+            effective = tune_cfg.with_ops(dropped)
+            for name in decision.fp32_ops:
+                groups["static"].pop(name, None)
+        if fmt == "auto":
+            fmt = "qdq"
+        if groups["static"]:
+            work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
         from .fallback import read_float_inputs
 
-        float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
-        work = read_float_inputs(work, base, float_ops)
+        fp32_now = [name for (name, _), cfg in effective.ops.items() if not cfg.quantized]
+        work = read_float_inputs(work, base, fp32_now)
     if groups["dynamic"]:
         work = _dynamic_pass(work, groups["dynamic"])
     if groups["weight_only"]:
@@ -126,14 +153,56 @@ def quantize(
 
         work = convert_nodes(work, floats)
     model_io.topological_sort(work)
+    options = dict(tune_cfg.options)
+    if decision is not None:
+        options["quant_format"] = decision.quant_format
     return QuantizedModel(
         work,
-        tune_cfg,
+        effective,
         used_ranges,
-        dict(tune_cfg.options),
+        options,
         fp32_outputs=node_outputs(base),
         fp32_weights=node_weights(base),
+        latency=decision.to_json() if decision is not None else None,
     )
+
+
+def _latency_decision(
+    prepared: model_io.PreparedModel,
+    tune_cfg: TuneConfig,
+    static_ops: Mapping[str, OpConfig],
+    calib_dataloader: Iterable[Any],
+    fmt: str,
+    build: latency.Builder,
+) -> latency.LatencyDecision:
+    """Measure (or read from the cache) which static ops int8 makes slower here."""
+    options = tune_cfg.options
+    feed = next(
+        ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
+    )
+    plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
+    key = latency.cache_key(prepared.key, feed, plan, options)
+    folder = latency.cache_dir(options)
+    cached = latency.load_cached(folder, key)
+    if cached is not None:
+        log.info("latency decisions from the cache (%d ops kept fp32)", len(cached.fp32_ops))
+        return cached
+    ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
+    formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
+    timer = latency.ort_timer(options)
+    blame = latency.profile_blame(options, feed, prepared.model, [n for n, _ in ops])
+    decision = latency.decide(
+        build,
+        prepared.model,
+        ops,
+        feed,
+        formats=formats,
+        timer=timer,
+        margin=float(options.get("latency_margin", latency.DEFAULT_MARGIN)),
+        blame=blame,
+    )
+    latency.store(folder, key, decision)
+    return decision
 
 
 def node_outputs(model: onnx.ModelProto) -> dict[str, str]:

@@ -89,7 +89,7 @@ def _fingerprint(feed: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _limited(
+def limited_feeds(
     model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int
 ) -> Iterator[dict[str, np.ndarray]]:
     """Validated feeds, cut so that exactly ``max_samples`` samples (or all) are used."""
@@ -118,7 +118,7 @@ def statistics(
 
     if dataloader is not None and iter(dataloader) is dataloader:  # one-shot iterator
         dataloader = list(dataloader)
-    first = next(_limited(model, dataloader, max_samples))  # validates; DataError if empty
+    first = next(limited_feeds(model, dataloader, max_samples))  # validates; DataError if empty
     key = (model_key, id(dataloader), _fingerprint(first), max_samples, tuple(tensor_names))
     with _lock:
         hit = _cache.get(key)
@@ -129,7 +129,7 @@ def statistics(
     stats = collect_statistics(
         model,
         tensor_names,
-        _limited(model, dataloader, max_samples),
+        limited_feeds(model, dataloader, max_samples),
         session_options=session_options,
     )
     with _lock:

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 def session_options(options: Mapping[str, Any] | None = None) -> onnxruntime.SessionOptions:
     """SessionOptions from lpq options: ``intra_op_num_threads``, ``inter_op_num_threads``,
-    ``graph_optimization_level`` (``basic``/``extended``/``all``/``disable``)."""
+    ``graph_optimization_level`` (``basic``/``extended``/``all``/``disable``), and for
+    lpq's own measurements ``enable_profiling`` (a file prefix) and
+    ``optimized_model_filepath``."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -44,6 +46,11 @@ def session_options(options: Mapping[str, Any] | None = None) -> onnxruntime.Ses
                 hint=f"choose one of: {', '.join(levels)}",
             )
         opts.graph_optimization_level = levels[level]
+    if options.get("enable_profiling"):
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(options["enable_profiling"])
+    if options.get("optimized_model_filepath"):
+        opts.optimized_model_filepath = str(options["optimized_model_filepath"])
     return opts
 
 

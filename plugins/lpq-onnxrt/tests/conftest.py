@@ -99,3 +99,18 @@ def mlp_model(digits: dict[str, Any]) -> Any:
     order = np.random.default_rng(0).permutation(len(x))
     x, y = x[order], data.target[order]
     return _mlp_proto(x[400:], y[400:])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _latency_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Latency-aware decisions are cached on disk: keep the tests' cache out of ~/.cache."""
+    import os
+
+    folder = tmp_path_factory.mktemp("lpq-cache")
+    previous = os.environ.get("LPQ_CACHE_DIR")
+    os.environ["LPQ_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("LPQ_CACHE_DIR", None)
+    else:
+        os.environ["LPQ_CACHE_DIR"] = previous

@@ -27,7 +27,9 @@ def pm() -> lpq.PluginManager:
 def qmodel(pm, lpq_sample_model, calib_loader) -> Any:
     cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
     cfg = lpq.TuneConfig(
-        ops={k: cap.default_op_config(k) for k in cap.opwise}, calib_sampling_size=100
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        calib_sampling_size=100,
+        options={"latency_aware": False},  # every op int8, whatever this machine's timings
     )
     return pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
 

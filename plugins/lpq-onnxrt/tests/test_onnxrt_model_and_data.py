@@ -97,9 +97,24 @@ def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("symbolic inference failed")
 
-    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "infer_shapes", broken)
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", broken)
     inferred = model_io.infer_shapes(_unnamed_model())
     assert "a" in {vi.name for vi in inferred.graph.value_info}
+
+
+def test_incomplete_symbolic_inference_leaves_no_file_in_the_cwd(monkeypatch, tmp_path):
+    """ORT's infer_shapes writes sym_shape_infer_temp.onnx into the cwd when it gives up."""
+    from onnxruntime.tools import symbolic_shape_infer
+
+    def gives_up(self, *args):
+        self.run_ = False
+        return False  # "not every shape inferred"
+
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", gives_up)
+    monkeypatch.chdir(tmp_path)
+    inferred = model_io.infer_shapes(_unnamed_model())
+    assert "a" in {vi.name for vi in inferred.graph.value_info}  # onnx's inference took over
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_prepare_is_cached_per_content(monkeypatch):

@@ -24,11 +24,17 @@ def pm() -> lpq.PluginManager:
 
 
 def _cfg(cap: lpq.FrameworkCapability, mode: str = "static", **options: Any) -> lpq.TuneConfig:
-    """The first config of ``mode`` for every op that has one (others stay fp32)."""
+    """The first config of ``mode`` for every op that has one (others stay fp32).
+
+    Latency-aware quantization is off: these tests check how each config maps onto the
+    graph, which must not depend on timings (test_onnxrt_latency.py tests the decisions).
+    """
     ops = {}
     for key in cap.opwise:
         ops[key] = next((c for c in cap.op_configs(key) if c.mode == mode), lpq.OpConfig.fallback())
-    return lpq.TuneConfig(ops=ops, calib_sampling_size=200, options=options)
+    return lpq.TuneConfig(
+        ops=ops, calib_sampling_size=200, options={"latency_aware": False, **options}
+    )
 
 
 def _ops(model: Any) -> Counter[str]:
@@ -402,3 +408,33 @@ def test_fallback_gemm_stays_float_in_a_default_ort_session(pm):
     )[0]
     got = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_quantized_ops_reads_what_ort_runs(pm, lpq_sample_model, calib_loader, fmt):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    cfg = _cfg(cap, quant_format=fmt).with_ops({("conv2", "Conv"): lpq.OpConfig.fallback()})
+    qmodel = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    found = pm.quantized_ops(FW, qmodel)
+    assert set(found) == {name for name, _ in cap.opwise}
+    assert found["conv2"] == "fp32"
+    assert found["conv1"] == "int8"
+    assert set(found.values()) <= {"int8", "fp32"}
+
+
+def test_quantized_ops_reports_fp16_and_int4(pm, mlp_model, lpq_sample_model, calib_loader):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    cfg = _cfg(cap).with_ops({("conv2", "Conv"): lpq.OpConfig.fallback("fp16")})
+    assert (
+        pm.quantized_ops(FW, pm.quantize(FW, lpq_sample_model, cfg, calib_loader))["conv2"]
+        == "fp16"
+    )
+    cap = pm.query_capability(FW, mlp_model, None, {})
+    ops = {key: next(c for c in cap.op_configs(key) if c.precision == "int4") for key in cap.opwise}
+    found = pm.quantized_ops(FW, pm.quantize(FW, mlp_model, lpq.TuneConfig(ops=ops), None))
+    assert set(found.values()) == {"int4"}
+
+
+def test_quantized_ops_of_an_fp32_model_are_fp32(pm, lpq_sample_model):
+    found = pm.quantized_ops(FW, str(lpq_sample_model))
+    assert found and set(found.values()) == {"fp32"}

@@ -1,0 +1,164 @@
+"""Latency-aware quantization: decisions from (scripted) timings, the cache, a real run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import lpq
+from lpq_onnxrt import latency
+
+FW = "onnxrt"
+
+
+@pytest.fixture
+def pm() -> lpq.PluginManager:
+    return lpq.get_plugin_manager()
+
+
+def _int8_ops(model: onnx.ModelProto, names: list[str]) -> set[str]:
+    """Ops of ``names`` that read a DequantizeLinear (QDQ) or became QLinear (QOperator)."""
+    from lpq_onnxrt.precision import INTEGER_KERNELS, owner_of
+
+    producer = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for node in model.graph.node:
+        owner = owner_of(node.name, names)
+        if owner is not None and node.op_type in INTEGER_KERNELS:
+            found.add(owner)
+        for name in names:
+            if node.name == name and any(
+                producer.get(i) is not None and producer[i].op_type == "DequantizeLinear"
+                for i in node.input
+            ):
+                found.add(name)
+    return found
+
+
+class ScriptedTimer:
+    """Latency = sum of per-op costs, int8 or fp32 as the built graph says (no clock)."""
+
+    def __init__(self, costs: dict[str, tuple[float, float]], names: list[str]) -> None:
+        self.costs = costs  # name -> (fp32 seconds, int8 seconds)
+        self.names = names
+        self.calls = 0
+
+    def seconds(self, model: onnx.ModelProto) -> float:
+        int8 = _int8_ops(model, self.names)
+        return sum(c[1] if n in int8 else c[0] for n, c in self.costs.items())
+
+    def __call__(self, models: dict[str, onnx.ModelProto], feed: Any) -> dict[str, float]:
+        self.calls += 1
+        return {label: self.seconds(model) for label, model in models.items()}
+
+
+@pytest.fixture
+def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
+    from lpq_onnxrt import model_io, ranges
+    from lpq_onnxrt.capability import build_capability, load_spec
+    from lpq_onnxrt.fallback import read_float_inputs
+    from lpq_onnxrt.quantize import _static_pass
+
+    prepared = model_io.prepare(str(lpq_sample_model))
+    cap = build_capability(prepared.model)
+    cfg = lpq.TuneConfig(ops={k: cap.default_op_config(k) for k in cap.opwise})
+    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
+    stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
+
+    def build(fp32_ops: frozenset[str], fmt: str) -> onnx.ModelProto:
+        ops = {n: c for (n, _), c in cfg.ops.items() if n not in fp32_ops}
+        model = model_io.copy_model(prepared.model)
+        if ops:
+            model, _ = _static_pass(model, ops, cfg, stats, fmt)
+        return read_float_inputs(model, prepared.model, list(fp32_ops))
+
+    feed = {"input": np.zeros((1, 1, 8, 8), np.float32)}
+    return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "feed": feed}
+
+
+def test_op_type_that_int8_slows_down_goes_back_to_fp32(digits_parts):
+    ops = digits_parts["ops"]
+    names = [n for n, _ in ops]
+    # Convs are faster in int8, Gemm/MatMul much slower: they must end in fp32.
+    costs = {n: ((1.0, 0.5) if t == "Conv" else (1.0, 3.0)) for n, t in ops}
+    timer = ScriptedTimer(costs, names)
+    decision = latency.decide(
+        digits_parts["build"],
+        digits_parts["prepared"].model,
+        ops,
+        digits_parts["feed"],
+        formats=("qdq",),
+        timer=timer,
+    )
+    slow = {n for n, t in ops if t != "Conv"}
+    assert set(decision.fp32_ops) == slow
+    assert decision.steps and any(step["kept"] for step in decision.steps)
+
+
+def test_model_slower_than_fp32_keeps_every_op_fp32(digits_parts):
+    ops = digits_parts["ops"]
+    names = [n for n, _ in ops]
+    timer = ScriptedTimer({n: (1.0, 1.5) for n in names}, names)
+    decision = latency.decide(
+        digits_parts["build"],
+        digits_parts["prepared"].model,
+        ops,
+        digits_parts["feed"],
+        formats=("qdq", "qoperator"),
+        timer=timer,
+    )
+    assert set(decision.fp32_ops) == set(names)
+
+
+def test_faster_everywhere_keeps_every_op_int8_and_measures_formats(digits_parts):
+    ops = digits_parts["ops"]
+    names = [n for n, _ in ops]
+    timer = ScriptedTimer({n: (1.0, 0.4) for n in names}, names)
+    decision = latency.decide(
+        digits_parts["build"],
+        digits_parts["prepared"].model,
+        ops,
+        digits_parts["feed"],
+        formats=("qdq", "qoperator"),
+        timer=timer,
+    )
+    assert decision.fp32_ops == []
+    assert decision.steps[0]["change"] == "format qdq -> qoperator"
+
+
+def test_real_measurement_is_cached_on_disk(
+    pm, lpq_sample_model, calib_loader, eval_loader, _latency_cache
+):
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    folder = _latency_cache / "real"
+    cfg = lpq.TuneConfig(
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        options={"latency_cache_dir": str(folder), "quant_format": "qdq"},
+    )
+    first = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    files = list(folder.glob("*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored["fp32_ops"] == first.latency["fp32_ops"]
+    assert stored["steps"], "every comparison is recorded"
+    # What the decision kept in fp32 is fp32 in the tune_cfg the model carries.
+    for name in first.latency["fp32_ops"]:
+        key = next(k for k in first.tune_cfg.ops if k[0] == name)
+        assert not first.tune_cfg.ops[key].quantized
+    second = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    assert second.latency == first.latency  # read back, not measured again
+    assert second.tune_cfg.to_json() == first.tune_cfg.to_json()
+    fp32 = pm.evaluate(FW, lpq_sample_model, eval_loader, [lpq.TopK(1)])
+    int8 = pm.evaluate(FW, second, eval_loader, [lpq.TopK(1)])
+    assert int8.samples == fp32.samples and int8.accuracy >= fp32.accuracy - 0.02
+
+
+def test_latency_aware_option_is_validated():
+    assert latency.enabled({}) is True
+    assert latency.enabled({"latency_aware": "off"}) is False
+    with pytest.raises(lpq.ConfigError):
+        latency.enabled({"latency_aware": "sometimes"})
