@@ -119,15 +119,20 @@ class TuningDriver(TuningContext):
                 self.used += 1
                 previous = self.history.finished(fingerprint)
                 if previous is not None:
-                    self._record(previous, None, replayed=True)
+                    self._record(previous, replayed=True)
+                    self._track(previous, None)
                     results.append(previous)
                 else:
                     spec = TrialSpec(self._next_index, cfg.to_json(), candidate.stage)
                     self._next_index += 1
                     to_run.append(spec)
                     results.append(None)
-        for outcome in self._execute(to_run):
-            self._record(outcome.record, outcome.model)
+        arrived: list[tuple[TrialRecord, Any]] = []
+        for outcome in self._execute(to_run):  # recorded the moment each one finishes
+            self._record(outcome.record)
+            arrived.append((outcome.record, outcome.model))
+        for record, model in sorted(arrived, key=lambda item: item[0].index):
+            self._track(record, model)  # in id order: ties resolve the same in any executor
         final = [
             r if r is not None else self.by_fingerprint.get(c.cfg.fingerprint())
             for r, c in zip(results, batch)
@@ -165,14 +170,11 @@ class TuningDriver(TuningContext):
         self.by_fingerprint[skipped.fingerprint] = skipped
         return skipped
 
-    def _record(self, record: TrialRecord, model: Any, *, replayed: bool = False) -> None:
+    def _record(self, record: TrialRecord, *, replayed: bool = False) -> None:
         if not replayed:  # a replayed trial keeps its verdict: latency noise must not flip it
             record.meets_goal = self._meets(record)
             self.history.add(record)
         self.by_fingerprint[record.fingerprint] = record
-        if model is not None:
-            self._last_model = (record.fingerprint, model)
-        self._track(record, model)
         if self.on_trial is not None:
             self.on_trial(record)
 
@@ -196,6 +198,8 @@ class TuningDriver(TuningContext):
     # ------------------------------------------------------------------ best so far
 
     def _track(self, record: TrialRecord, model: Any) -> None:
+        if model is not None:
+            self._last_model = (record.fingerprint, model)
         if record.status != "ok":
             return
         if record.meets_goal and self.better(record, self._best):

@@ -155,13 +155,17 @@ class ProcessPoolTrialExecutor(Executor):
     def run(self, specs: list[TrialSpec]) -> Iterator[TrialOutcome]:
         attempts = dict.fromkeys((s.index for s in specs), 0)
         pending = list(specs)
+        isolated = False
         while pending:
+            # After a worker died, every trial then in flight failed with it; which one
+            # killed it is unknown, so they are retried one at a time: the culprit dies
+            # alone and the others finish.
+            wave, pending = (pending[:1], pending[1:]) if isolated else (pending, [])
             pool = self._ensure_pool()
             futures: dict[Future[TrialRecord], TrialSpec] = {}
-            for spec in pending:
+            for spec in wave:
                 attempts[spec.index] += 1
                 futures[pool.submit(_run_in_worker, spec)] = spec
-            pending = []
             broken = False
             while futures:
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
@@ -181,6 +185,8 @@ class ProcessPoolTrialExecutor(Executor):
                     yield TrialOutcome(spec, record)
             if broken:
                 self._restart()
+                isolated = True
+                pending.sort(key=lambda spec: spec.index)
 
     def baseline(self) -> TrialRecord:
         # Measured in the driver before any worker exists: the machine is idle.
