@@ -58,3 +58,29 @@ def test_ray_with_two_workers_matches_serial(serial, tmp_path):
     ray_run = tune(tmp_path, workers=2, executor="ray")
     assert rows(ray_run) == rows(serial)
     assert any(t.worker.startswith("ray") for t in ray_run.trials), "no trial ran on Ray"
+
+
+def test_cli_workers_flag_runs_trials_in_worker_processes(tmp_path, capsys):
+    import json
+
+    from lpq.cli import main
+
+    argv = ["tune", "--example", "digits", "--workers", "2", "--strategy", "random"]
+    argv += ["--max-trials", "5", "--exit-policy", "best", "--seed", "3"]
+    argv += ["--workspace", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().out
+    history = json.loads(next(tmp_path.glob("*/history.json")).read_text())
+    assert len(history["trials"]) == 5
+    assert any(t["worker"].startswith("pid") for t in history["trials"])
+    assert history["config"]["tuning_criterion"]["workers"] == 2
+
+
+def test_unknown_executor_names_the_installed_ones(tmp_path, capsys):
+    from lpq.cli import main
+
+    code = main(
+        ["tune", "--example", "digits", "--executor", "slurm", "--workspace", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "unknown executor 'slurm'" in err and "process, ray, serial" in err

@@ -194,6 +194,26 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     help="History folder; re-running resumes from it.",
 )
 @click.option("--seed", type=int, default=1978, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Trials run at once (a strategy's independent candidates; latency is still "
+    "measured with the machine to itself).",
+)
+@click.option(
+    "--executor",
+    default="auto",
+    show_default=True,
+    help="How trials run: auto (serial for 1 worker, else process), serial, process "
+    "(local worker processes), ray, or a plugin's.",
+)
+@click.option(
+    "--ray-address",
+    help="Join a running Ray cluster (e.g. ray://head:10001); implies --executor ray. "
+    "Without it, --executor ray starts a local Ray on 127.0.0.1.",
+)
 @click.option("--out", type=click.Path(), help="Where to write the chosen quantized model.")
 @_with_options(_QUANT_OPTIONS)
 def tune_command(
@@ -211,6 +231,9 @@ def tune_command(
     exit_policy: str,
     workspace: str,
     seed: int,
+    workers: int,
+    executor: str,
+    ray_address: str | None,
     out: str | None,
     **kw: Any,
 ) -> None:
@@ -251,6 +274,9 @@ def tune_command(
             objective=objective,  # type: ignore[arg-type]
             exit_policy=exit_policy,  # type: ignore[arg-type]
             seed=seed,
+            workers=workers,
+            executor="ray" if ray_address else executor,
+            executor_options={"address": ray_address} if ray_address else {},
         ),
     )
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
