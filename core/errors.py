@@ -49,3 +49,8 @@ class DataError(LpqError):
 
 class TuningError(LpqError):
     """Tuning cannot continue (e.g. the fp32 baseline itself cannot be evaluated)."""
+
+
+class LpqWarning(UserWarning):
+    """Something lpq went on with but the user should know (e.g. an unknown plugin name in
+    ``LPQ_DISABLE_PLUGINS``). The CLI prints it as ``warning: ...``."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from typing import Any
 
 import click
 
 from .._version import __version__
-from ..errors import LpqError
+from ..errors import LpqError, LpqWarning
 
 
 def _console(stderr: bool = False) -> Any:
@@ -252,9 +253,21 @@ def _register_tuning_commands() -> None:
     cli.add_command(tune_command)
 
 
+def _show_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """lpq's own warnings as one ``warning: ...`` line; others as Python shows them."""
+    if issubclass(category, LpqWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning lpq errors into a message and exit code 2."""
     _register_tuning_commands()
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=argv, prog_name="lpq", standalone_mode=False)
     except LpqError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import metadata
@@ -16,6 +17,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from .._version import __version__ as CORE_VERSION
+from ..errors import LpqWarning
 
 ENTRY_POINT_GROUP = "lpq"
 CORE_DISTRIBUTION = "lpq-core"
@@ -153,6 +155,7 @@ def discover() -> list[DiscoveredEntryPoint]:
             )
         found.append(DiscoveredEntryPoint(record, ep))
 
+    _warn_unknown_names(allow, deny, {item.record.name for item in found})
     by_name: dict[str, list[DiscoveredEntryPoint]] = {}
     for item in found:
         by_name.setdefault(item.record.name, []).append(item)
@@ -164,6 +167,18 @@ def discover() -> list[DiscoveredEntryPoint]:
                 item.record.message = f"plugin name {name!r} is claimed by {dists}"
                 item.record.hint = "uninstall one of them, or disable one via " + ENV_DENY
     return found
+
+
+def _warn_unknown_names(allow: set[str] | None, deny: set[str] | None, known: set[str]) -> None:
+    """A typo in an allow/deny list would silently do nothing: say so."""
+    for variable, names in ((ENV_ALLOW, allow), (ENV_DENY, deny)):
+        for name in sorted((names or set()) - known):
+            warnings.warn(
+                f"{variable} names {name!r}, which is not an installed plugin "
+                f"(installed: {', '.join(sorted(known)) or 'none'})",
+                LpqWarning,
+                stacklevel=3,
+            )
 
 
 def installed_version(distribution: str) -> str | None:

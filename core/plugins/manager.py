@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +30,7 @@ from .discovery import (
     installed_version,
     strict_mode,
 )
+from .model_formats import missing_framework_error, unrecognised_model_error
 from .registry import Registry
 from .types import AdaptorInfo, BackendProfile, Example
 
@@ -68,6 +68,7 @@ class PluginManager:
         """Import and register every enabled plugin (idempotent)."""
         with self._lock:
             if self._loaded:
+                self._raise_strict_failure()
                 return
             self._loaded = True
             # lpq's own plugin is loaded by name, like every entry-point plugin: the
@@ -77,6 +78,14 @@ class PluginManager:
             if self._use_entry_points:
                 for item in discover():
                     self._load_entry_point(item)
+
+    def _raise_strict_failure(self) -> None:
+        """In strict mode, a plugin that failed raises on every use, not only the first."""
+        if not strict_mode():
+            return
+        for record in self._records.values():
+            if record.status in (PluginStatus.ERROR, PluginStatus.INCOMPATIBLE):
+                raise PluginError(f"plugin {record.name!r}: {record.message}", hint=record.hint)
 
     def _load_entry_point(self, item: DiscoveredEntryPoint) -> None:
         record = item.record
@@ -121,7 +130,7 @@ class PluginManager:
                     self._pm.unregister(plugin)
                 self._fail(
                     rec,
-                    f"hook validation failed: {exc}",
+                    f"hook validation failed: {type(exc).__name__}: {exc}",
                     "the plugin's hook implementations do not match lpq's hook specs; "
                     "upgrade the plugin or see docs/writing-a-plugin.md",
                     exc,
@@ -182,7 +191,6 @@ class PluginManager:
         record.hint = hint
         if strict_mode():
             raise PluginError(f"plugin {record.name!r}: {message}", hint=hint or None) from exc
-        record.message += "\n" + "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
     def _registries(self) -> tuple[Registry[Any], ...]:
         return (
@@ -233,18 +241,7 @@ class PluginManager:
         try:
             return self.adaptors[framework]
         except KeyError:
-            raise NoAdaptorError(
-                f"no installed plugin provides the {framework!r} framework",
-                hint=self.install_hint(),
-            ) from None
-
-    def install_hint(self) -> str:
-        installed = ", ".join(sorted(self.adaptors)) or "none"
-        return (
-            f"installed adaptors: {installed}. Install one for your model, e.g. "
-            "pip install lpq-onnxrt (ONNX) or pip install lpq-torch (PyTorch); "
-            "`lpq plugins list` shows plugins that failed to load"
-        )
+            raise missing_framework_error(framework, self.adaptors, self.records()) from None
 
     def create_metric(self, name: str, **kwargs: Any) -> Metric:
         self.load()
@@ -283,11 +280,7 @@ class PluginManager:
         self.load()
         framework = self._pm.hook.lpq_detect_framework(model=model)
         if framework is None:
-            shown = str(model) if isinstance(model, str | Path) else type(model).__qualname__
-            raise NoAdaptorError(
-                f"no installed plugin recognises the model {shown}",
-                hint=self.install_hint(),
-            )
+            raise unrecognised_model_error(model, self.adaptors, self.records())
         return str(framework)
 
     def query_capability(
@@ -426,7 +419,10 @@ def get_plugin_manager() -> PluginManager:
     with _manager_lock:
         if _manager is None:
             _manager = PluginManager()
-        return _manager
+        manager = _manager
+    if manager._loaded:
+        manager.load()  # strict mode: a failed plugin raises on every call
+    return manager
 
 
 def reset_plugin_manager() -> None:
