@@ -74,7 +74,9 @@ def activation_observer(algorithm: str) -> type[Any]:
         ) from None
 
 
-def calibrate(prepared: torch.fx.GraphModule, dataloader: Iterable[Any] | None, samples: int) -> None:
+def calibrate(
+    prepared: torch.fx.GraphModule, dataloader: Iterable[Any] | None, samples: int
+) -> None:
     """Run up to ``samples`` samples through the observers (QAT: initialises scales)."""
     if dataloader is None:
         return

@@ -32,7 +32,9 @@ DYNAMIC_ATTR = "_lpq_torchao_dynamic"
 
 def wanted(tune_cfg: TuneConfig) -> dict[OpKey, OpConfig]:
     """The ops ``tune_cfg`` quantizes dynamically."""
-    return {key: cfg for key, cfg in tune_cfg.ops.items() if cfg.quantized and cfg.mode == "dynamic"}
+    return {
+        key: cfg for key, cfg in tune_cfg.ops.items() if cfg.quantized and cfg.mode == "dynamic"
+    }
 
 
 def check(module: torch.nn.Module, tune_cfg: TuneConfig) -> None:

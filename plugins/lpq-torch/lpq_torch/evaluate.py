@@ -198,7 +198,9 @@ def time_batches(forward: Forward, batches: list[CallArgs], measurer: LatencyMea
     measurer.reset()  # its own warm-up count still applies: those runs are dropped
     start = time.perf_counter()
     rounds = 0
-    while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < MIN_SECONDS):
+    while rounds < MAX_ROUNDS and (
+        rounds < MIN_ROUNDS or time.perf_counter() - start < MIN_SECONDS
+    ):
         for args in batches:
             with measurer.measure():
                 forward(args)

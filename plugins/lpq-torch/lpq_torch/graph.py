@@ -76,4 +76,3 @@ def quantizable_nodes(gm: torch.fx.GraphModule) -> Iterator[tuple[OpKey, torch.f
         key = op_key(node)
         if key is not None and op_type_of(node) is not None:
             yield key, node
-

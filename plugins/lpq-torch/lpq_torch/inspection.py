@@ -70,7 +70,11 @@ class _Capture(torch.fx.Interpreter):
         if self.node is None:
             return "the graph's inputs"
         key = graph.op_key(self.node)
-        return f"op {key[0]}" if key else f"node {self.node.name} ({self.node.target})"
+        if key is not None:
+            return f"op {key[0]}"
+        fed = [k[0] for user in self.node.users if (k := graph.op_key(user)) is not None]
+        feeding = f", feeding op {', '.join(fed)}" if fed else ""
+        return f"node {self.node.name} ({self.node.target}{feeding})"
 
 
 def _run(capture: _Capture, args: CallArgs, quantized: bool) -> None:

@@ -72,6 +72,7 @@ def exported(model: torch.nn.Module, args: CallArgs, *, copy_graph: bool = True)
     :param copy_graph: return a deep copy (callers that insert observers or casts change
         the graph); ``False`` for read-only use (capability query, inspection).
     """
+    _refuse_inference_weights(model)
     key = _cache_key(model, at_least_two(args))
     found = state.current().exports.get(model)
     if found is None or found.key != key:
@@ -144,25 +145,42 @@ def from_torchscript(module: torch.jit.ScriptModule, args: CallArgs) -> torch.nn
             warnings.simplefilter("ignore")
             program = TS2EPConverter(module, positional, keywords or None).convert()
     except Exception as exc:
-        message = first_line(exc)
-        found = re.search(r"node (\S+)", message)
-        construct = found.group(1) if found else "a TorchScript construct"
+        messages = [first_line(e) for e in (exc, exc.__cause__) if e is not None]
+        found = [m.group(1) for text in messages for m in re.finditer(r"(prim::\w+)", text)]
+        construct = " / ".join(dict.fromkeys(found)) or "a TorchScript construct"
         raise ModelError(
-            f"torch's TorchScript converter cannot convert this model: {construct} is not "
-            f"supported ({type(exc).__name__}: {message})",
-            hint=_torchscript_hint(construct),
+            f"torch's TorchScript converter cannot convert this model: {construct} "
+            f"({type(exc).__name__}: {'; '.join(messages)})",
+            hint=_torchscript_hint(construct, _schema(module), args),
         ) from exc
     return program.module()
 
 
-def _torchscript_hint(construct: str) -> str:
+def _schema(module: torch.jit.ScriptModule) -> str:
+    with contextlib.suppress(Exception):
+        return str(module.forward.schema)  # type: ignore[attr-defined]
+    return "forward(...)"
+
+
+def _torchscript_hint(construct: str, schema: str, args: CallArgs) -> str:
     why = {
-        "prim::If": "an if/else on values, compiled into TorchScript",
+        "prim::If": "an if/else compiled into TorchScript",
+        "prim::SetAttr": "forward() writing module attributes (streaming state)",
         "prim::Loop": "a Python loop compiled into TorchScript",
-    }.get(construct, "TorchScript code torch.export cannot represent")
+    }
+    reasons = [why[c] for c in construct.split(" / ") if c in why]
+    passed = len(args[0]) + len(args[1])
+    arity = (
+        f"the TorchScript forward is {schema} and the data passes {passed} input(s): pass "
+        "every argument (TorchScript defaults are not converted), or "
+        if schema.count(",") + 1 > passed + 1
+        else ""
+    )
     return (
-        f"{construct} is {why}; pass the model's Python nn.Module instead (build it from the "
-        "model's source and load the TorchScript model's state_dict() into it)"
+        f"{arity}pass the model's Python nn.Module instead"
+        + (f" ({'; '.join(reasons)} cannot be exported)" if reasons else "")
+        + ": build it from the model's source and load the TorchScript model's state_dict() "
+        "into it"
     )
 
 

@@ -156,4 +156,3 @@ def _groups(tune_cfg: TuneConfig, *, qat: bool) -> list[Group]:
     for cfg, names in by_cfg.items():
         groups.append((frozenset(names), quant_config(cfg, qat=qat) if cfg.quantized else None))
     return groups
-

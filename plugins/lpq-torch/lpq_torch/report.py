@@ -49,7 +49,8 @@ def node_precision(node: torch.fx.Node) -> str:
         return f"int{max(bits)}"
     for arg in node.args[:2]:
         if isinstance(arg, torch.fx.Node) and arg.target == torch.ops.aten._to_copy.default:
-            low = _LOW_FLOAT.get(arg.kwargs.get("dtype"))
+            dtype = arg.kwargs.get("dtype")
+            low = _LOW_FLOAT.get(dtype) if isinstance(dtype, torch.dtype) else None
             if low is not None:
                 return low
     return "fp32"
