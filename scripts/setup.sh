@@ -11,4 +11,8 @@ PIP=".venv/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 # torch first and pinned: the CPU build. Anything unpinned would pull CUDA wheels.
 $PIP install --quiet "torch==2.13.0"
-$PIP install --quiet -e ".[dev]" -e "plugins/lpq-onnxrt[test]" -e "plugins/lpq-torch[test]"
+# lpq-mxnet without its `mxnet` extra: listed by `lpq plugins list`, numpy left alone.
+$PIP install --quiet -e ".[dev]" -e "plugins/lpq-onnxrt[test]" -e "plugins/lpq-torch[test]" \
+  -e plugins/lpq-mxnet
+# MXNet needs numpy<1.24: its adaptor is tested in a second environment, .venv-mxnet.
+bash scripts/setup_mxnet.sh

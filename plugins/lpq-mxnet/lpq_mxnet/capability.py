@@ -28,17 +28,17 @@ def _capability_files(options: dict[str, Any]) -> list[Path]:
     return [capability_file(), *(Path(p) for p in extra)]
 
 
-def _num_inputs(dataloader: Iterable[Any] | None) -> int | None:
+def _example(dataloader: Iterable[Any] | None) -> Any:
     if dataloader is None:
         return None
     first, _ = data.peek(dataloader, "the capability query")
-    return data.num_inputs(first)
+    return first
 
 
 def query(
     model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
 ) -> FrameworkCapability:
-    graph = fp32_graph(model, _num_inputs(dataloader) or 0)
+    graph = fp32_graph(model, _example(dataloader))
     version = installed_version("mxnet")
     spec = load_capability(_capability_files(options), FRAMEWORK, version)
     return spec.build(graph.tunable_ops(), version)
@@ -47,4 +47,4 @@ def query(
 def fused_patterns(model: Any) -> list[tuple[str, ...]]:
     """The op-type sequences oneDNN fuses in this model, one per fused group: read from
     MXNet's own partition of the graph, so they are what will run fused."""
-    return fused_types(fp32_graph(model, 0).fused_json())
+    return fused_types(fp32_graph(model).fused_json())

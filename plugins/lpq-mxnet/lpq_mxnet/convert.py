@@ -40,7 +40,7 @@ def convert(
             f"MXNet has no {dtype} kernels on CPU",
             hint="use bf16 (oneDNN) or keep the ops in fp32",
         )
-    graph = fp32_graph(model, 0)
+    graph = fp32_graph(model)
     types = dict(op_nodes(graph.json()))
     supported = bf16_op_types()
     for name in op_names:

@@ -20,12 +20,12 @@ from .framework import mxnet
 from .model import info_of, to_graph
 
 
-def runnable(model: Any, num_inputs: int) -> tuple[Any, list[str]]:
+def runnable(model: Any, example: Any) -> tuple[Any, list[str]]:
     """A block to run ``model`` with, and its input names."""
     info = info_of(model)
     if info is not None:
         return model, list(info.input_names)
-    graph = to_graph(model, num_inputs)
+    graph = to_graph(model, example)
     return graph.block(), list(graph.input_names)
 
 
@@ -39,7 +39,7 @@ def evaluate(
 ) -> EvalResult:
     mx = mxnet()
     first, items = data.peek(dataloader, "evaluation")
-    block, names = runnable(model, data.num_inputs(first))
+    block, names = runnable(model, first)
 
     def batches() -> Iterator[tuple[list[Any], Any]]:
         for item in items:

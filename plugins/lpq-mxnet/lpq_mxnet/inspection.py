@@ -46,7 +46,7 @@ def inspect_tensor(
     iteration: int | None,
 ) -> Inspection:
     first, items = data.peek(dataloader, "inspection")
-    graph = to_graph(model, data.num_inputs(first))
+    graph = to_graph(model, first)
     names = list(op_names) if op_names is not None else [n for n, _ in graph.tunable_ops()]
     result = Inspection()
     if kind in ("weight", "both"):

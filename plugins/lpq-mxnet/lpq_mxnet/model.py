@@ -18,6 +18,7 @@ from typing import Any
 
 from lpq import DataError, LpqError, ModelError
 
+from . import data
 from . import graph as graphs
 from .framework import mxnet, quiet
 
@@ -103,11 +104,12 @@ def input_names(count: int) -> list[str]:
     return ["data"] if count == 1 else [f"data{i}" for i in range(count)]
 
 
-def to_graph(model: Any, num_inputs: int | None = None) -> Graph:
+def to_graph(model: Any, example: Any = None) -> Graph:
     """Any accepted model as a :class:`Graph`.
 
-    :param num_inputs: how many inputs a HybridBlock takes, when known from the data;
-        otherwise read from its ``hybrid_forward`` signature.
+    :param example: one batch of inputs, when there is data: it tells how many inputs a
+        HybridBlock takes (else its ``hybrid_forward`` signature does) and completes the
+        deferred initialization of a block that never ran.
     :raises lpq.ModelError: for anything else, naming what was given and what to pass.
     """
     if isinstance(model, str | Path):
@@ -123,7 +125,7 @@ def to_graph(model: Any, num_inputs: int | None = None) -> Graph:
         symbol = model(*[mx.sym.var(n) for n in names])
         return Graph(symbol, block_params(model, symbol), names)
     if isinstance(model, mx.gluon.HybridBlock):
-        return _trace(model, num_inputs or _signature_inputs(model))
+        return _trace(model, example)
     if isinstance(model, mx.gluon.Block):
         raise ModelError(
             f"{type(model).__name__} ({model.name}) is a gluon.Block, which MXNet cannot "
@@ -172,11 +174,12 @@ def _signature_inputs(block: Any) -> int:
     return max(1, len(positional))
 
 
-def _trace(block: Any, count: int) -> Graph:
+def _trace(block: Any, example: Any) -> Graph:
     """Build the block's graph by calling it on symbols (what ``hybridize`` does
     internally, without changing the block); a layer that cannot take symbolic inputs is
     reported by name."""
     mx = mxnet()
+    count = data.num_inputs(example) if example is not None else _signature_inputs(block)
     names = input_names(count)
     with _layer_stack(block) as stack:
         try:
@@ -184,6 +187,11 @@ def _trace(block: Any, count: int) -> Graph:
         except LpqError:
             raise
         except Exception as exc:
+            if isinstance(exc, TypeError) and len(stack) == 1 and "positional" in str(exc):
+                raise DataError(
+                    f"the batch holds {count} input(s), which {stack[0]} does not take ({exc})",
+                    hint="pass one array per input of the block's hybrid_forward",
+                ) from exc
             layer = stack[-1] if stack else f"{type(block).__name__} ({block.name})"
             raise ModelError(
                 f"the Gluon block cannot be hybridized: layer {layer} fails on symbolic "
@@ -199,13 +207,24 @@ def _trace(block: Any, count: int) -> Graph:
             f"{type(block).__name__} returned {type(out).__name__} for symbolic inputs",
             hint="hybrid_forward must return F.* results",
         )
-    missing = [n for n in out.list_inputs() if n not in names and n not in _param_names(block)]
-    if missing:
+    extra = [n for n in out.list_inputs() if n not in names and n not in _param_names(block)]
+    if extra:
         raise DataError(
-            f"the block's graph has inputs {missing} besides {names}",
+            f"the block's graph has inputs {extra} besides {names}",
             hint="pass one array per model input (a tuple or a dict per batch)",
         )
-    return Graph(out, block_params(block, out), names)
+    try:
+        params = block_params(block, out)
+    except ModelError as uninitialized:
+        if example is None:
+            raise
+        # Deferred initialization (shapes unknown until the first call): run it once.
+        try:
+            block(*[data.to_nd(v) for v in data.ordered(example, names)])
+        except Exception:
+            raise uninitialized from None
+        params = block_params(block, out)
+    return Graph(out, params, names)
 
 
 def _param_names(block: Any) -> set[str]:

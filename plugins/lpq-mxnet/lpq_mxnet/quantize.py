@@ -46,7 +46,7 @@ def quantize(
             hint="drop train_func, or use approach='static'",
         )
     first, batches = data.peek(calib_dataloader, "calibration")
-    graph = fp32_graph(model, data.num_inputs(first))
+    graph = fp32_graph(model, first)
     chosen = _quantized_ops(tune_cfg)
     lowp = {name: cfg.precision for (name, _), cfg in tune_cfg.ops.items() if _is_lowp(cfg)}
     if lowp:
@@ -69,10 +69,9 @@ def quantize(
     return _quantize_net(graph, chosen, arrays, info)
 
 
-def fp32_graph(model: Any, num_inputs: int) -> Graph:
-    """``model`` as a graph, refusing one that is quantized already. ``num_inputs`` 0:
-    read a HybridBlock's input count from its signature."""
-    graph = to_graph(model, num_inputs or None)
+def fp32_graph(model: Any, example: Any = None) -> Graph:
+    """``model`` as a graph (see :func:`to_graph`), refusing one already quantized."""
+    graph = to_graph(model, example)
     if (graph.info is not None and graph.info.precision != "fp32") or is_quantized(graph.json()):
         raise ModelError(
             "the model is already quantized (or converted to bf16)",
