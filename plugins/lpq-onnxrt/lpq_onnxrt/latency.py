@@ -68,8 +68,9 @@ class LatencyDecision:
 
 
 def enabled(options: Mapping[str, Any]) -> bool:
-    """``latency_aware`` option: on unless set false (``False``, ``"off"``, ``0``)."""
-    value = options.get("latency_aware", True)
+    """The ``latency_aware`` option (default off: a tuning trial must get the ops its
+    tune_cfg asks for; ``lpq quantize`` and the ``onnxrt-cpu`` backend profile turn it on)."""
+    value = options.get("latency_aware", False)
     if isinstance(value, str):
         value = value.strip().lower()
         if value in ("off", "false", "no", "0"):

@@ -137,7 +137,7 @@ def test_real_measurement_is_cached_on_disk(
     folder = _latency_cache / "real"
     cfg = lpq.TuneConfig(
         ops={k: cap.default_op_config(k) for k in cap.opwise},
-        options={"latency_cache_dir": str(folder), "quant_format": "qdq"},
+        options={"latency_aware": True, "latency_cache_dir": str(folder), "quant_format": "qdq"},
     )
     first = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
     files = list(folder.glob("*.json"))
@@ -158,7 +158,8 @@ def test_real_measurement_is_cached_on_disk(
 
 
 def test_latency_aware_option_is_validated():
-    assert latency.enabled({}) is True
+    assert latency.enabled({}) is False
+    assert latency.enabled({"latency_aware": True}) is True
     assert latency.enabled({"latency_aware": "off"}) is False
     with pytest.raises(lpq.ConfigError):
         latency.enabled({"latency_aware": "sometimes"})
