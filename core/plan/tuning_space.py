@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import PostTrainingQuantConfig
 from ..errors import ConfigError
+from .approach import check_approach
 from .capability import FrameworkCapability
 from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 
@@ -80,6 +81,7 @@ def build_tuning_space(
     extra_options: Mapping[str, Any] | None = None,
 ) -> TuningSpace:
     """Apply approach, excluded precisions and op overrides to ``capability``."""
+    check_approach(capability, config.approach, has_calib_data)
     excluded = set(config.excluded_precisions)
     choices: dict[OpKey, list[OpConfig]] = {}
     fallbacks: dict[OpKey, tuple[str, ...]] = {}
