@@ -18,7 +18,7 @@ from lpq import ModelError, OpConfig
 
 from .calibration import Samples, aeq_calibration
 from .model_io import Prepared
-from .tfenv import captured_stderr
+from .tfenv import quietly
 
 
 def _import_aeq() -> tuple[Any, Any]:
@@ -84,15 +84,11 @@ def quantize_with_aeq(
                 regex=".*", operation_name=boundary, algorithm_key="no_quantize"
             )
     ranges = aeq_calibration(prepared, samples) if samples is not None else None
-    with captured_stderr() as log:
-        try:
-            result = tool.quantize(ranges, enable_progress_report=False)
-            error = None
-        except Exception as exc:
-            error = exc
-    if error is not None:
-        raise ModelError(
-            f"ai-edge-quantizer failed: {type(error).__name__}: {error}".splitlines()[0],
-            hint="keep the ops it names in fp32; " + log.tail(3),
-        )
+    result = quietly(
+        lambda: tool.quantize(ranges, enable_progress_report=False),
+        lambda exc, log: ModelError(
+            f"ai-edge-quantizer failed: {type(exc).__name__}: {exc}".splitlines()[0],
+            hint="keep the ops it names in fp32\n" + log,
+        ),
+    )
     return bytes(result.quantized_model)

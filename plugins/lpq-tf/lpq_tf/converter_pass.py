@@ -15,7 +15,7 @@ from lpq import OpConfig
 
 from .calibration import Samples, converter_calibrated
 from .model_io import Prepared, conversion_error, convert_saved_model
-from .tfenv import captured_stderr, import_tf
+from .tfenv import import_tf, quietly
 
 
 def quantize_with_converter(
@@ -43,20 +43,18 @@ def _static_int8(
 
     calibrated = converter_calibrated(prepared, samples)
     io_type = tf.int8 if io_dtype == "int8" else tf.float32
-    with captured_stderr() as log:
-        try:
-            return bytes(
-                tflite_convert.mlir_quantize(
-                    calibrated,
-                    disable_per_channel=not per_channel,
-                    input_data_type=io_type,
-                    output_data_type=io_type,
-                    denylisted_nodes=denylist,
-                )
+    return quietly(
+        lambda: bytes(
+            tflite_convert.mlir_quantize(
+                calibrated,
+                disable_per_channel=not per_channel,
+                input_data_type=io_type,
+                output_data_type=io_type,
+                denylisted_nodes=denylist,
             )
-        except Exception as exc:
-            error = exc
-    raise conversion_error(error, log.tail())
+        ),
+        conversion_error,
+    )
 
 
 def _convert(

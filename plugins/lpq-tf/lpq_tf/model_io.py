@@ -28,7 +28,7 @@ from lpq import ModelError
 from . import graph as graph_mod
 from .naming import op_names
 from .plugin import _file_kind, _is_keras_model
-from .tfenv import captured_stderr, import_tf
+from .tfenv import import_tf, quietly
 
 _CACHE: OrderedDict[tuple[Any, ...], Prepared] = OrderedDict()
 _CACHE_SIZE = 4
@@ -94,15 +94,14 @@ def convert_saved_model(saved_model_dir: Path, configure: Any = None) -> bytes:
     rejected and what can be done about it.
     """
     tf = import_tf()
-    with captured_stderr() as log:
-        try:
-            converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir))
-            if configure is not None:
-                configure(converter)
-            return bytes(converter.convert())
-        except Exception as exc:  # ConverterError, ValueError, ...
-            error = exc
-    raise conversion_error(error, log.tail())
+
+    def run() -> bytes:
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir))
+        if configure is not None:
+            configure(converter)
+        return bytes(converter.convert())
+
+    return quietly(run, conversion_error)
 
 
 def conversion_error(exc: Exception, log: str) -> ModelError:
@@ -121,7 +120,7 @@ def conversion_error(exc: Exception, log: str) -> ModelError:
     first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return ModelError(
         f"the TFLite converter failed: {first}",
-        hint="see the converter's log above; set LPQ_TF_VERBOSE=1 for all of it"
+        hint="the converter's last log lines follow (LPQ_TF_VERBOSE=1 shows all of it)"
         + (f"\n{log}" if log else ""),
     )
 
@@ -134,17 +133,13 @@ def _from_keras(model: Any, source: str) -> Prepared:
         )
     directory = _scratch_dir() / "saved_model"
     import_tf()
-    with captured_stderr() as log:
-        try:
-            model.export(str(directory), format="tf_saved_model", verbose=False)
-            error = None
-        except Exception as exc:
-            error = exc
-    if error is not None:
-        raise ModelError(
-            f"{source}: Keras could not export the model as a SavedModel ({error})",
-            hint="the model must be traceable with tf.function; " + log.tail(4),
-        )
+    quietly(
+        lambda: model.export(str(directory), format="tf_saved_model", verbose=False),
+        lambda exc, log: ModelError(
+            f"{source}: Keras could not export the model as a SavedModel ({exc})",
+            hint="the model must be traceable with tf.function\n" + log,
+        ),
+    )
     return Prepared("keras", source, convert_saved_model(directory), directory, model)
 
 

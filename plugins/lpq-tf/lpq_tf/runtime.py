@@ -18,6 +18,8 @@ import numpy as np
 
 from lpq import DataError, split_batch, take_samples
 
+from .tfenv import quietly
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -42,19 +44,21 @@ def create_interpreter(content: bytes, threads: int | None = None, preserve: boo
 
     from lpq import ModelError
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # preserve_all_tensors warns it is for debugging
-            return Interpreter(
+    # LiteRT logs "Created TensorFlow Lite XNNPACK delegate" on stderr: shown on failure only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # preserve_all_tensors warns it is for debugging
+        return quietly(
+            lambda: Interpreter(
                 model_content=content,
                 num_threads=threads,
                 experimental_preserve_all_tensors=preserve,
-            )
-    except (ValueError, RuntimeError) as exc:
-        raise ModelError(
-            f"LiteRT cannot load the model: {exc}".splitlines()[0],
-            hint="the model may use custom ops or TF (Flex) ops that ai-edge-litert lacks",
-        ) from None
+            ),
+            lambda exc, log: ModelError(
+                f"LiteRT cannot load the model: {exc}".splitlines()[0],
+                hint="the model may use custom ops or TF (Flex) ops that ai-edge-litert lacks\n"
+                + log,
+            ),
+        )
 
 
 class Runner:

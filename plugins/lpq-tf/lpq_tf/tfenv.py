@@ -10,11 +10,14 @@ captured: the captured text is dropped when the conversion works and quoted in t
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def import_tf() -> Any:
@@ -25,20 +28,15 @@ def import_tf() -> Any:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if "tensorflow" not in sys.modules:
-        with captured_stderr() as log:
-            try:
-                import tensorflow  # noqa: F401
-            except Exception as exc:
-                error = exc
-            else:
-                error = None
-        if error is not None:
-            from lpq import ModelError
+        from lpq import ModelError
 
-            raise ModelError(
-                f"TensorFlow cannot be imported: {type(error).__name__}: {error}",
-                hint="pip install tensorflow-cpu (2.16 or later)\n" + log.tail(),
-            )
+        quietly(
+            lambda: importlib.import_module("tensorflow"),
+            lambda exc, log: ModelError(
+                f"TensorFlow cannot be imported: {type(exc).__name__}: {exc}",
+                hint="pip install tensorflow-cpu (2.16 or later)\n" + log,
+            ),
+        )
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
@@ -79,3 +77,18 @@ def captured_stderr() -> Iterator[CapturedLog]:
             os.close(saved)
             sink.seek(0)
             log.text = sink.read().decode(errors="replace")
+
+
+def quietly(func: Callable[[], T], make_error: Callable[[Exception, str], Exception]) -> T:
+    """``func()`` with stderr captured; if it raises, ``make_error(exc, log tail)`` instead.
+
+    The lpq error is raised after stderr is restored, so the CLI prints it as usual.
+    """
+    failure: Exception | None = None
+    with captured_stderr() as log:
+        try:
+            return func()
+        except Exception as exc:
+            failure = exc
+    assert failure is not None
+    raise make_error(failure, log.tail()) from None

@@ -153,4 +153,5 @@ def test_inspected_int8_activations_track_fp32_under_keras_names(
     assert fp32_kernel.shape == int8_kernel.shape
     assert 0 < np.abs(fp32_kernel - int8_kernel).max() < 0.05 * np.abs(fp32_kernel).max()
     # The last op's output is the model's output: a check that LiteRT kept the tensor.
-    assert np.allclose(fp32.activations["logits"][0], cnn.predict(eval_loader().inputs[:100], verbose=0), atol=1e-4)
+    keras_logits = cnn.predict(eval_loader().inputs[:100], verbose=0)
+    np.testing.assert_allclose(fp32.activations["logits"][0], keras_logits, atol=1e-4)

@@ -46,9 +46,7 @@ def test_fit_on_a_keras_model_meets_the_goal_and_resumes(cnn: Any, tmp_path: Pat
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=6),
     )
-    result = lpq.fit(
-        cnn, conf, calib_loader(), eval_dataloader=eval_loader(), workspace=tmp_path
-    )
+    result = lpq.fit(cnn, conf, calib_loader(), eval_dataloader=eval_loader(), workspace=tmp_path)
     assert result.framework == "tf"
     assert result.goal_met
     assert result.baseline.accuracy > 0.9

@@ -89,7 +89,9 @@ def config_for(capability: Any, precision: str, mode: str, **fallbacks: str) -> 
         if key[0] in fallbacks:
             ops[key] = lpq.OpConfig.fallback(fallbacks[key[0]])
             continue
-        chosen = [c for c in capability.op_configs(key) if (c.precision, c.mode) == (precision, mode)]
+        chosen = [
+            c for c in capability.op_configs(key) if (c.precision, c.mode) == (precision, mode)
+        ]
         ops[key] = chosen[0] if chosen else lpq.OpConfig.fallback()
     return lpq.TuneConfig(ops=ops, calib_sampling_size=100)
 
