@@ -400,6 +400,62 @@ def _kl_threshold(counts: np.ndarray, width: float, levels: int) -> float:
     return best * width
 
 
+#: Default budget for the activations one calibration run may return (bytes).
+DEFAULT_MEMORY_BUDGET = 1 << 30
+MEMORY_ENV = "LPQ_CALIB_MEMORY_MB"
+
+
+def memory_budget(options: Mapping[str, Any] | None = None) -> int:
+    """Bytes of activations a calibration run may hold: ``options['calibration_memory_mb']``,
+    else ``$LPQ_CALIB_MEMORY_MB``, else 1024 MiB."""
+    value = (options or {}).get("calibration_memory_mb") or os.environ.get(MEMORY_ENV)
+    if value in (None, ""):
+        return DEFAULT_MEMORY_BUDGET
+    try:
+        megabytes = float(value)
+    except (TypeError, ValueError):
+        megabytes = -1.0
+    if megabytes <= 0:
+        raise ConfigError(
+            f"the calibration memory budget must be a positive number of MiB, not {value!r}",
+            hint=f"set calibration_memory_mb (or {MEMORY_ENV}) to e.g. 512",
+        )
+    return int(megabytes * (1 << 20))
+
+
+@dataclass
+class _Plan:
+    """How to run one feed within the budget: samples per run and tensors per run."""
+
+    chunk: int
+    groups: list[list[str]]
+
+
+def _batch_of(feed: Mapping[str, np.ndarray]) -> int | None:
+    """The feed's batch size when every non-scalar input leads with the same dimension."""
+    leading = {int(np.shape(v)[0]) for v in feed.values() if np.ndim(v) >= 1}
+    return leading.pop() if len(leading) == 1 else None
+
+
+def _slice(feed: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
+    return {k: (v[start:stop] if np.ndim(v) >= 1 else v) for k, v in feed.items()}
+
+
+def _plan(per_sample: Mapping[str, int], budget: int, batch: int) -> _Plan:
+    """Pack tensors into groups whose bytes for ``chunk`` samples fit ``budget``."""
+    total = sum(per_sample.values())
+    chunk = max(1, min(batch, budget // max(total, 1)))
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, size in per_sample.items():
+        if groups[-1] and used + size * chunk > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size * chunk
+    return _Plan(chunk, groups)
+
+
 def collect_statistics(
     model: onnx.ModelProto,
     tensor_names: Sequence[str],
@@ -408,6 +464,7 @@ def collect_statistics(
     num_bins: int = 2048,
     session_options: onnxruntime.SessionOptions | None = None,
     show_progress: bool = True,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
 ) -> CalibrationStats:
     """Run ``model`` on every feed and stream the named tensors into :class:`CalibrationStats`.
 
@@ -415,8 +472,14 @@ def collect_statistics(
     graph inputs are read from the feeds and initializers from the model itself. The
     session runs on the CPU with graph optimizations disabled, so that intermediate
     tensor names survive; thread and logging settings come from ``session_options``
-    (which is not modified). Each feed's outputs are folded into the
-    histograms and dropped before the next feed runs, so memory stays flat.
+    (which is not modified).
+
+    Peak memory is bounded by ``memory_budget_bytes`` (plus ORT's own working memory),
+    whatever the model, batch or number of samples: the first feed is probed with one
+    sample to learn each tensor's bytes per sample; then every feed runs in chunks of
+    samples, and when one sample's activations alone exceed the budget, the tensors are
+    fetched in groups, one run per group. Outputs are folded into the histograms and
+    dropped before the next run.
     """
     import onnx
     from onnx import numpy_helper
@@ -460,6 +523,7 @@ def collect_statistics(
     session = _make_session(augmented, session_options)
     required = {i.name for i in session.get_inputs()}
     count = 0
+    plan: _Plan | None = None
     for feed in _with_progress(feeds, show_progress):
         if not isinstance(feed, Mapping):
             raise DataError(
@@ -476,20 +540,51 @@ def collect_statistics(
             stats.update(name, np.asarray(feed[name]))
         if from_session:
             run_feed = {k: np.asarray(v) for k, v in feed.items() if k in required}
-            try:
-                outputs = session.run(from_session, run_feed)
-            except Exception as error:  # ORT raises its own untyped exceptions
-                raise DataError(
-                    f"ONNX Runtime could not run calibration feed #{count}: {error}",
-                    hint="check the input names, shapes and dtypes against the model",
-                ) from error
-            for name, value in zip(from_session, outputs):
-                stats.update(name, value)
-            del outputs
+            batch = _batch_of(run_feed)
+            if plan is None:
+                plan = _probe(session, from_session, run_feed, batch, memory_budget_bytes, count)
+            step = plan.chunk if batch is not None else 1
+            for start in range(0, batch or 1, step):
+                part = _slice(run_feed, start, start + step) if batch is not None else run_feed
+                for group in plan.groups:
+                    outputs = _run(session, group, part, count)
+                    for name, value in zip(group, outputs):
+                        stats.update(name, value)
+                    del outputs
         count += 1
     if count == 0:
         raise DataError("the calibration data yielded no feeds", hint="pass at least one sample")
     return stats
+
+
+def _run(
+    session: onnxruntime.InferenceSession, names: list[str], feed: dict[str, np.ndarray], index: int
+) -> list[np.ndarray]:
+    try:
+        return list(session.run(names, feed))
+    except Exception as error:  # ORT raises its own untyped exceptions
+        raise DataError(
+            f"ONNX Runtime could not run calibration feed #{index}: {error}",
+            hint="check the input names, shapes and dtypes against the model",
+        ) from error
+
+
+def _probe(
+    session: onnxruntime.InferenceSession,
+    names: list[str],
+    feed: dict[str, np.ndarray],
+    batch: int | None,
+    budget: int,
+    index: int,
+) -> _Plan:
+    """Bytes per sample of each tensor, from one sample of the first feed."""
+    sample = _slice(feed, 0, 1) if batch is not None else feed
+    sizes: dict[str, int] = {}
+    for name in names:  # one tensor at a time: the probe itself stays within the budget
+        (value,) = _run(session, [name], sample, index)
+        sizes[name] = int(np.asarray(value).nbytes)
+        del value
+    return _plan(sizes, budget, batch or 1)
 
 
 def _make_session(

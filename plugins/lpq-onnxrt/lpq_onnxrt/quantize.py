@@ -111,8 +111,15 @@ def quantize(
         from .capability import load_spec
 
         candidates = ranges.calibration_candidates(base, load_spec().quantizable_op_types())
+        from .calibration import memory_budget
+
         stats = ranges.statistics(
-            base, prepared.key, candidates, calib_dataloader, tune_cfg.calib_sampling_size
+            base,
+            prepared.key,
+            candidates,
+            calib_dataloader,
+            tune_cfg.calib_sampling_size,
+            memory_budget_bytes=memory_budget(tune_cfg.options),
         )
         float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
 

@@ -112,9 +112,10 @@ def statistics(
     dataloader: Iterable[Any] | None,
     max_samples: int,
     session_options: Any = None,
+    memory_budget_bytes: int | None = None,
 ) -> CalibrationStats:
     """Calibration statistics for ``tensor_names``; cached per (model, data, size)."""
-    from .calibration import collect_statistics
+    from .calibration import DEFAULT_MEMORY_BUDGET, collect_statistics
 
     if dataloader is not None and iter(dataloader) is dataloader:  # one-shot iterator
         dataloader = list(dataloader)
@@ -131,6 +132,7 @@ def statistics(
         tensor_names,
         limited_feeds(model, dataloader, max_samples),
         session_options=session_options,
+        memory_budget_bytes=memory_budget_bytes or DEFAULT_MEMORY_BUDGET,
     )
     with _lock:
         _cache[key] = stats

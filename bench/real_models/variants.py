@@ -1,0 +1,224 @@
+"""The quantizers compared side by side: lpq (defaults and tuned), every ONNX Runtime
+``quantize_static`` variant, ORT dynamic, and AMD Quark (run in its own venv)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from models import Feed, Suite
+
+HERE = Path(__file__).resolve().parent
+QUARK_PYTHON = HERE / ".venv-quark" / "bin" / "python"
+
+
+def session(path: Path, threads: int = 1) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_all(suite: Suite, sess: Any, feeds: list[Feed]) -> list[list[np.ndarray]]:
+    if suite.run is not None:
+        return suite.run(sess, feeds)
+    return [sess.run(None, feed) for feed in feeds]
+
+
+# --------------------------------------------------------------------------- ORT
+
+
+def preprocess(src: Path, folder: Path) -> Path:
+    """ORT's recommended pre-processing (shape inference, basic optimizations), then opset
+    13 when lower (per-channel QDQ needs DequantizeLinear's axis)."""
+    import onnx
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    target = folder / "ort-pre.onnx"
+    if target.exists():
+        return target
+    try:
+        quant_pre_process(str(src), str(target))
+    except Exception:  # symbolic shape inference gives up on some real graphs
+        quant_pre_process(str(src), str(target), skip_symbolic_shape=True)
+    model = onnx.load(str(target))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 13:
+        model = onnx.version_converter.convert_version(model, 13)
+        onnx.save(model, str(target))
+    return target
+
+
+class _Reader:
+    def __init__(self, feeds: list[Feed]) -> None:
+        self.items = iter(feeds)
+
+    def get_next(self) -> Feed | None:
+        return next(self.items, None)
+
+    def rewind(self) -> None:  # newer ORT calls it for multi-pass calibrators
+        pass
+
+
+def ort_static(
+    src: Path, target: Path, calib: list[Feed], fmt: str, per_channel: bool, activation: str
+) -> Path:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    reader = type("Reader", (_Reader, CalibrationDataReader), {})(calib)
+    quantize_static(
+        str(preprocess(src, target.parent)),
+        str(target),
+        reader,
+        quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=per_channel,
+    )
+    return target
+
+
+def ort_dynamic(src: Path, target: Path) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(preprocess(src, target.parent)), str(target), weight_type=QuantType.QInt8)
+    return target
+
+
+# --------------------------------------------------------------------------- lpq
+
+
+def _as_session_source(model: Any) -> Any:
+    proto = getattr(model, "proto", None)
+    if proto is not None:
+        return proto.SerializeToString()
+    inner = getattr(model, "model", None)
+    if inner is not None and getattr(inner, "proto", None) is not None:
+        return inner.proto.SerializeToString()
+    return str(model)
+
+
+def lpq_default(src: Path, target: Path, calib: list[Feed]) -> tuple[Path, dict[str, Any]]:
+    """``lpq quantize --backend onnxrt-cpu``: static U8S8, latency-aware."""
+    import lpq
+
+    conf = lpq.PostTrainingQuantConfig(backend="onnxrt-cpu", calibration_sampling_size=len(calib))
+    result = lpq.quantize(str(src), conf, calib_dataloader=calib)
+    result.save(target)
+    latency = getattr(result.model, "latency", None) or {}
+    return target, {
+        "fp32_ops": len(latency.get("fp32_ops", [])),
+        "format": latency.get("quant_format"),
+    }
+
+
+def lpq_tuned(
+    src: Path,
+    target: Path,
+    calib: list[Feed],
+    score: Callable[[Any], float],
+    workspace: Path,
+) -> tuple[Path, dict[str, Any]]:
+    """``lpq.fit`` to a 1% relative goal on the fidelity metric (tuning data, 20 trials), then
+    the chosen configuration quantized latency-aware."""
+    import lpq
+
+    conf = lpq.PostTrainingQuantConfig(
+        calibration_sampling_size=len(calib),
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=20),
+    )
+    result = lpq.fit(str(src), conf, calib_dataloader=calib, eval_func=score, workspace=workspace)
+    cfg = result.tune_cfg
+    cfg.options["latency_aware"] = True
+    final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
+    final.save(target)
+    return target, {
+        "trials": len(result.trials),
+        "goal_met": bool(result.goal_met),
+        "tuned_fidelity": round(float(result.best.accuracy), 4),
+    }
+
+
+def scorer(
+    suite: Suite, feeds: list[Feed], reference: list[list[np.ndarray]]
+) -> Callable[[Any], float]:
+    """eval_func for lpq.fit: fidelity of a model against fp32 on ``feeds``."""
+    import onnxruntime as ort
+
+    def score(model: Any) -> float:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.log_severity_level = 3
+        sess = ort.InferenceSession(
+            _as_session_source(model), options, providers=["CPUExecutionProvider"]
+        )
+        return suite.fidelity(reference, run_all(suite, sess, feeds))
+
+    return score
+
+
+# --------------------------------------------------------------------------- Quark
+
+
+QUARK_CONFIGS = {"Quark default": "default", "Quark best accuracy": "best"}
+
+
+def quark(src: Path, target: Path, calib: list[Feed], config: str) -> tuple[Path, dict[str, Any]]:
+    """Run ``quark_worker.py`` in the Quark venv (Quark pins its own onnxruntime/torch)."""
+    if not QUARK_PYTHON.exists():
+        raise RuntimeError("the Quark venv is missing (run.py creates it)")
+    data = target.with_suffix(".calib.npz")
+    arrays = {f"{i}__{name}": value for i, feed in enumerate(calib) for name, value in feed.items()}
+    np.savez(data, **arrays)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [
+            str(QUARK_PYTHON),
+            str(HERE / "quark_worker.py"),
+            str(src),
+            str(target),
+            str(data),
+            config,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0 or not target.exists():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("Quark failed: " + " | ".join(tail))
+    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
+    info["wall_s"] = time.perf_counter() - start
+    return target, info
+
+
+ORT_STATIC = [
+    (f"ORT {fmt} {gran} {act}S8", fmt, gran == "per-channel", act)
+    for fmt in ("QDQ", "QOperator")
+    for gran in ("per-tensor", "per-channel")
+    for act in ("U8", "S8")
+]
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
+
+
+def python_info() -> str:
+    return sys.version.split()[0]
