@@ -3,15 +3,14 @@
 Each algorithm is registered by the name the capability YAML uses (``minmax``, ``kl``,
 ``percentile``) and returns the threshold ``t`` of the tensor's range: ``(0, t)`` for a
 non-negative tensor quantized to uint8, ``(-t, t)`` otherwise. Statistics stream: a
-running min/max and, for the histogram-based algorithms, a histogram over ``[-m, m]``
-widened as larger values arrive (MXNet's own ``combine_histogram``).
+running min/max and, for the histogram-based algorithms, a fixed-size histogram over
+``[-m, m]``, re-binned as larger values arrive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -27,26 +26,37 @@ PERCENTILE = 99.99
 
 @dataclass
 class Stats:
-    """Streaming statistics of one tensor over the calibration batches."""
+    """Streaming statistics of one tensor over the calibration batches: min, max and, when
+    an algorithm needs it, a histogram of ``NUM_BINS`` bins over ``[-t, t]`` (``t``: the
+    largest magnitude so far). When a batch widens ``t``, the old counts are re-binned
+    into the wider range, so the bin count (and the KL search's cost) stays fixed, where
+    MXNet's own collector adds bins of the old width (a single outlier can multiply them).
+    """
 
     minimum: float = float("inf")
     maximum: float = float("-inf")
-    #: ``(counts, edges, min, max, threshold)`` as MXNet's combine_histogram keeps it.
-    histogram: tuple[Any, ...] | None = None
+    counts: np.ndarray | None = None
+    threshold: float = 0.0
 
     def update(self, array: np.ndarray, with_histogram: bool) -> None:
         lo, hi = float(array.min()), float(array.max())
         self.minimum, self.maximum = min(self.minimum, lo), max(self.maximum, hi)
         if not with_histogram:
             return
-        th = max(abs(lo), abs(hi))
-        if self.histogram is None:
-            counts, edges = np.histogram(array, bins=NUM_BINS, range=(-th, th))
-            self.histogram = (counts, edges, lo, hi, th)
-        else:
-            from mxnet.contrib.quantization import combine_histogram
+        th = max(abs(lo), abs(hi), self.threshold)
+        if self.counts is not None and th > self.threshold:
+            old_edges = self.edges
+            centres = (old_edges[:-1] + old_edges[1:]) / 2
+            self.counts, _ = np.histogram(centres, NUM_BINS, (-th, th), weights=self.counts)
+        elif self.counts is None:
+            self.counts = np.zeros(NUM_BINS)
+        self.threshold = th
+        batch, _ = np.histogram(array, NUM_BINS, (-th, th))
+        self.counts = self.counts + batch
 
-            self.histogram = combine_histogram(self.histogram, array, lo, hi, th)
+    @property
+    def edges(self) -> np.ndarray:
+        return np.linspace(-self.threshold, self.threshold, NUM_BINS + 1)
 
     @property
     def non_negative(self) -> bool:
@@ -82,8 +92,8 @@ def kl(stats: Stats, unsigned: bool) -> float:
     """The threshold minimising the KL divergence between the fp32 histogram and its
     quantized version (MXNet's ``entropy`` calibration, same kernel and bin counts)."""
     mx = mxnet()
-    assert stats.histogram is not None
-    counts, edges = stats.histogram[0], stats.histogram[1]
+    assert stats.counts is not None
+    counts, edges = stats.counts, stats.edges
     # uint8 has twice the levels on the non-negative side (MXNet's _get_optimal_threshold).
     levels = 255 * 2 + 1 if unsigned else 255
     threshold, _ = mx.nd.contrib.calibrate_entropy(
@@ -95,8 +105,8 @@ def kl(stats: Stats, unsigned: bool) -> float:
 @register("percentile", histogram=True)
 def percentile(stats: Stats, unsigned: bool) -> float:
     """The 99.99th percentile of |x|: clips rare outliers that would stretch the range."""
-    assert stats.histogram is not None
-    counts, edges = np.asarray(stats.histogram[0], dtype=np.float64), stats.histogram[1]
+    assert stats.counts is not None
+    counts, edges = stats.counts, stats.edges
     centre = len(counts) // 2
     # Fold the histogram onto |x|: bin centre+k and centre-k hold the same magnitudes.
     magnitude = counts[centre:].copy()
