@@ -26,7 +26,7 @@ from lpq import Inspection, ModelError, split_batch
 from . import data
 from .framework import mxnet
 from .graph import Group, group_of, groups
-from .model import Graph, to_graph
+from .model import Graph, ModelInfo, to_graph
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,15 @@ def _taps(graph: Graph, names: Sequence[str]) -> dict[str, Tap]:
 
 
 def _fp32_tap(group: Group, outputs: set[str]) -> Tap:
-    """The fused group's output, read in the unfused fp32 graph: its head op's output."""
-    tensor = f"{group.head}_output"
-    if tensor not in outputs:
-        tensor = next(o for o in sorted(outputs) if o.startswith(f"{group.head}_output"))
-    return Tap(tensor)
+    """The fused group's output, read in the unfused fp32 graph: its head op's output
+    (``HEAD_output``, or ``HEAD_output0`` for an op with several outputs)."""
+    for tensor in (f"{group.head}_output", f"{group.head}_output0"):
+        if tensor in outputs:
+            return Tap(tensor)
+    raise ModelError(
+        f"cannot find the output of {group.head} in the graph",
+        hint="inspect another op (this one's output is not a named tensor)",
+    )
 
 
 def _quantized_tap(group: Group, outputs: set[str]) -> Tap:
@@ -129,14 +133,16 @@ def _activations(
     for tap in taps.values():
         wanted.extend(t for t in (tap.tensor, tap.min_tensor, tap.max_tensor) if t)
     wanted = list(dict.fromkeys(wanted))
-    probe = Graph(mx.sym.Group([internals[t] for t in wanted]), graph.params, graph.input_names)
-    block = probe.block()
+    outputs = mx.sym.Group([internals[t] for t in wanted])
+    probe = Graph(outputs, graph.params, graph.input_names)
+    block = probe.block(ModelInfo(outputs, list(graph.input_names)))
     captured: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for done, item in enumerate(items):
         if iteration is not None and done >= iteration:
             break
         inputs = [data.to_nd(v) for v in data.ordered(split_batch(item)[0], graph.input_names)]
-        values = dict(zip(wanted, data.run(block, inputs)))
+        outputs = data.run(block, inputs)
+        values = dict(zip(wanted, outputs if isinstance(outputs, list | tuple) else [outputs]))
         for name, tap in taps.items():
             value = values[tap.tensor]
             if tap.min_tensor and tap.max_tensor:
@@ -148,31 +154,29 @@ def _activations(
 
 
 def _weights(graph: Graph, names: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    mx = mxnet()
-    nodes = graph.json()["nodes"]
     int8 = graph.info is not None and graph.info.precision == "int8"
-    found = groups(graph.json()) if int8 else None
-    result: dict[str, dict[str, np.ndarray]] = {}
-    for name in names:
-        tensors: dict[str, np.ndarray] = {}
-        if found is None:
-            node = next((n for n in nodes if n["name"] == name), None)
-            for index, *_ in (node or {}).get("inputs", []):
-                key = "arg:" + nodes[index]["name"]
-                if nodes[index]["op"] == "null" and key in graph.params:
-                    tensors[nodes[index]["name"]] = graph.params[key].asnumpy()
-        else:
-            group = group_of(found, name)
-            for tensor in group.inputs if group is not None else []:
-                if not tensor.endswith("_quantize"):
-                    continue
-                value, low, high = (
-                    graph.params.get(f"arg:{tensor}{s}") for s in ("", "_min", "_max")
-                )
-                if value is not None and low is not None and high is not None:
-                    tensors[tensor.removesuffix("_quantize")] = mx.nd.contrib.dequantize(
-                        value, low, high, out_type="float32"
-                    ).asnumpy()
-        if tensors:
-            result[name] = tensors
-    return result
+    read = _stored_int8_weights if int8 else _fp32_weights
+    found = {name: read(graph, name) for name in names}
+    return {name: tensors for name, tensors in found.items() if tensors}
+
+
+def _fp32_weights(graph: Graph, name: str) -> dict[str, np.ndarray]:
+    """The parameters op ``name`` takes as inputs (weight, bias)."""
+    nodes = graph.json()["nodes"]
+    node: dict[str, Any] = next((n for n in nodes if n["name"] == name), {"inputs": []})
+    inputs = [nodes[index]["name"] for index, *_ in node["inputs"]]
+    return {t: graph.params[f"arg:{t}"].asnumpy() for t in inputs if f"arg:{t}" in graph.params}
+
+
+def _stored_int8_weights(graph: Graph, name: str) -> dict[str, np.ndarray]:
+    """The int8 weights a quantized model stores for op ``name`` (``W_quantize`` with
+    ``W_quantize_min`` / ``_max``), dequantized and keyed by the fp32 name ``W``."""
+    mx = mxnet()
+    group = group_of(groups(graph.json()), name)
+    tensors = {}
+    for tensor in group.inputs if group is not None else []:
+        stored = [graph.params.get(f"arg:{tensor}{s}") for s in ("", "_min", "_max")]
+        if tensor.endswith("_quantize") and all(v is not None for v in stored):
+            value = mx.nd.contrib.dequantize(*stored, out_type="float32")
+            tensors[tensor.removesuffix("_quantize")] = value.asnumpy()
+    return tensors

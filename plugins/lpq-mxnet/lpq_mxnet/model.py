@@ -72,13 +72,19 @@ class Graph:
         mx = mxnet()
         with quiet():
             block = mx.gluon.SymbolBlock(self.symbol, [mx.sym.var(n) for n in self.input_names])
-            block.collect_params().load_dict(
-                {k: v.copy() for k, v in self.params.items()},
-                ctx=mx.cpu(),
-                ignore_extra=True,
-                cast_dtype=True,
-                dtype_source="saved",
-            )
+            try:
+                block.collect_params().load_dict(
+                    {k: v.copy() for k, v in self.params.items()},
+                    ctx=mx.cpu(),
+                    ignore_extra=True,
+                    cast_dtype=True,
+                    dtype_source="saved",
+                )
+            except AssertionError as exc:  # how Gluon reports a parameter it cannot find
+                raise ModelError(
+                    f"the model's parameters do not match its graph: {str(exc)[:300]}",
+                    hint="export the symbol and its parameters together (HybridBlock.export)",
+                ) from exc
         if hybridize:
             block.hybridize(static_alloc=True, static_shape=True)
         setattr(block, INFO_ATTR, info or self.info or self.default_info())

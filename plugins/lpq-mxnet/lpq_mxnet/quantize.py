@@ -25,7 +25,7 @@ from lpq import ConfigError, ModelError, OpConfig, TuneConfig
 from . import data
 from .calibration import Collector, plan_tensors
 from .framework import mxnet, quiet
-from .graph import graph_json, groups, is_quantized
+from .graph import graph_json, groups, is_quantized, op_nodes
 from .model import INFO_ATTR, Graph, ModelInfo, to_graph
 
 log = logging.getLogger(__name__)
@@ -133,11 +133,7 @@ def _excluded(graph: Graph, fused: dict[str, Any], chosen: dict[str, OpConfig]) 
         anchor = group.anchor
         if anchor is not None and anchor[0] in chosen:
             kept.update(name for name, _ in group.members)
-    return [name for name, _ in _op_nodes(graph) if name not in kept]
-
-
-def _op_nodes(graph: Graph) -> list[tuple[str, str]]:
-    return [(n["name"], n["op"]) for n in graph.json()["nodes"] if n["op"] != "null"]
+    return [name for name, _ in op_nodes(graph.json()) if name not in kept]
 
 
 def _quantize_net(

@@ -22,6 +22,15 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def plugin_error_message(code: str) -> str:
+    """Run ``code`` (which must raise lpq.PluginError) in a subprocess; the message."""
+    wrapped = "import lpq\ntry:\n" + "".join(f"    {line}\n" for line in code.splitlines())
+    wrapped += "except lpq.PluginError as exc:\n    print(exc)\nelse:\n    raise SystemExit(1)\n"
+    result = run(wrapped)
+    assert result.returncode == 0, result.stderr[-2000:] or "no PluginError"
+    return result.stdout
+
+
 def test_registering_and_detecting_import_no_mxnet() -> None:
     code = (
         "import sys, lpq\n"
@@ -50,40 +59,25 @@ def test_plugins_list_shows_the_plugin_ok_without_mxnet() -> None:
 
 
 def test_using_it_without_mxnet_says_what_to_install() -> None:
-    code = BLOCK_MXNET + (
-        "import lpq\n"
-        "pm = lpq.get_plugin_manager()\n"
-        "try:\n"
-        "    pm.quantize('mxnet', object(), lpq.TuneConfig(), [[0.0]])\n"
-        "except lpq.PluginError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    raise SystemExit('no PluginError')\n"
+    message = plugin_error_message(
+        BLOCK_MXNET
+        + "lpq.get_plugin_manager().quantize('mxnet', object(), lpq.TuneConfig(), [[0]])"
     )
-    result = run(code)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "needs MXNet" in result.stdout
-    assert "pip install 'lpq-mxnet[mxnet]'" in result.stdout
+    assert "needs MXNet" in message
+    assert "pip install 'lpq-mxnet[mxnet]'" in message
 
 
 def test_numpy_too_new_for_mxnet_says_what_to_install() -> None:
     # As if MXNet 1.9.1 were installed beside numpy 2 (the main environment's numpy).
-    code = (
-        "import numpy, lpq\n"
+    message = plugin_error_message(
+        "import numpy\n"
         "lpq.installed_version = lambda dist: '1.9.1'\n"
         "numpy.__version__ = '2.4.6'\n"
         "from lpq_mxnet.framework import mxnet\n"
-        "try:\n"
-        "    mxnet()\n"
-        "except lpq.PluginError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    raise SystemExit('no PluginError')\n"
+        "mxnet()"
     )
-    result = run(code)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "cannot be imported with numpy 2.4.6 (it needs numpy<1.24)" in result.stdout
-    assert "lpq-mxnet[mxnet]" in result.stdout
+    assert "cannot be imported with numpy 2.4.6 (it needs numpy<1.24)" in message
+    assert "lpq-mxnet[mxnet]" in message
 
 
 @pytest.mark.parametrize(

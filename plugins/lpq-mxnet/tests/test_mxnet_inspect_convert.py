@@ -62,6 +62,11 @@ def test_weights_fp32_and_stored_int8(
     assert 128 < len(np.unique(w8)) <= 255
 
 
+def test_inspecting_one_op(pm: Any, qnet: Any, eval_loader: Any) -> None:
+    found = pm.inspect_tensor("mxnet", qnet, eval_loader, ["digits_conv1_fwd"], "activation", 1)
+    assert [a.shape for a in found.activations["digits_conv1_fwd"]] == [(100, 32, 8, 8)]
+
+
 def test_inspecting_an_unknown_op_is_a_model_error(
     pm: Any, digits_cnn: Any, eval_loader: Any
 ) -> None:
