@@ -232,8 +232,7 @@ def fit(
     )
     executor = create_executor(criterion.executor, criterion.workers, criterion.executor_options)
     try:
-        executor.start(runner)
-        baseline = executor.baseline()
+        baseline = runner.baseline()  # in the driver, before any worker exists: idle cores
         logger.info(
             "fp32 baseline: %s = %.4f", metric.name if metric else "accuracy", baseline.accuracy
         )
@@ -262,6 +261,8 @@ def fit(
         )
         history.baseline = baseline
         history.write()
+        runner.cache_dir = history.folder / "cache"
+        executor.start(runner)
         strategy = pm.create_strategy(criterion.strategy, **criterion.strategy_options)
         driver = TuningDriver(
             space=space,

@@ -54,16 +54,13 @@ class Executor(ABC):
         self.options = options
 
     def start(self, runner: TrialRunner) -> None:
-        """Receive the run's job; called once, before the first batch."""
+        """Receive the run's job; called once, before the first batch (after the fp32
+        baseline was measured in the driver, on an idle machine)."""
         self.runner = runner
 
     @abstractmethod
     def run(self, specs: list[TrialSpec]) -> Iterator[TrialOutcome]:
         """Run every spec; yield each outcome as it finishes (any order)."""
-
-    def baseline(self) -> TrialRecord:
-        """Measure the fp32 baseline under the same conditions as the trials."""
-        return self.runner.baseline()
 
     def close(self) -> None:  # noqa: B027  (optional: most executors hold nothing)
         """Release workers; called once at the end of the run (also on errors)."""
@@ -187,10 +184,6 @@ class ProcessPoolTrialExecutor(Executor):
                 self._restart()
                 isolated = True
                 pending.sort(key=lambda spec: spec.index)
-
-    def baseline(self) -> TrialRecord:
-        # Measured in the driver before any worker exists: the machine is idle.
-        return self.runner.baseline()
 
     def close(self) -> None:
         if self._pool is not None:

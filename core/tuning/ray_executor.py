@@ -68,9 +68,6 @@ class _TrialWorker:
         record.worker = f"ray pid {os.getpid()}"
         return record
 
-    def baseline(self) -> TrialRecord:
-        return self.runner.baseline(self.gate)
-
 
 class RayExecutor(Executor):
     name = "ray"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..cache import using_run_cache
 from ..errors import DataError, LpqError, TuningError
 from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
 from ..plan.tune_config import TuneConfig
@@ -203,7 +204,9 @@ class TrialRunner:
     """Runs trials against one fp32 model with fixed data and evaluation: a run's job.
 
     Holds no plugin manager and no open resources, so a worker process can receive it
-    once (forked or pickled) and run any number of trials.
+    once (forked or pickled) and run any number of trials. ``cache_dir`` is the run's
+    :class:`~lpq.cache.RunCache` folder: adaptors find there what an earlier trial, in
+    any worker, already computed.
     """
 
     def __init__(
@@ -222,6 +225,7 @@ class TrialRunner:
         self.evaluation = evaluation
         self.measure_size = measure_size
         self.train_func = train_func
+        self.cache_dir: Path | None = None
 
     def baseline(self, gate: CoreGate | None = None) -> TrialRecord:
         gate = gate or NoGate()
@@ -245,6 +249,10 @@ class TrialRunner:
         )
 
     def quantize(self, cfg: TuneConfig) -> Any:
+        with using_run_cache(self.cache_dir):
+            return self._quantize(cfg)
+
+    def _quantize(self, cfg: TuneConfig) -> Any:
         return get_plugin_manager().quantize(
             self.framework, self.model, cfg, self.calib_dataloader, self.train_func
         )
@@ -267,8 +275,8 @@ class TrialRunner:
         start = time.perf_counter()
         model = None
         try:
-            with gate.shared():
-                model = self.quantize(cfg)
+            with using_run_cache(self.cache_dir), gate.shared():
+                model = self._quantize(cfg)
                 (
                     record.quantized_ops,
                     record.fallback_ops,

@@ -1,0 +1,145 @@
+"""The run cache: per-run state an adaptor computes once and every trial reuses.
+
+Calibration statistics, a prepared graph, latency measurements: an adaptor computes them
+on the first trial and every later trial of the run wants them again — also trials in
+another worker process or on another machine. Keeping them in a process-global dict
+keyed by ``id(dataloader)`` works in one process only. The run cache keys them by
+*content* (``content_key`` of the model bytes, the data, the options) and keeps them in
+memory and, during a tuning run, as files under ``<workspace>/<run key>/cache/``, where
+workers of that run find them (all of them on one machine; on a cluster, with a shared
+filesystem, or else each machine builds its own once).
+
+Adaptors call :func:`run_cache` (a :class:`RunCache`; outside a tuning run it is a
+memory-only cache for the process) and ``get_or_compute`` with a save/load pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .fileio import atomic_write
+
+T = TypeVar("T")
+
+#: Objects kept in memory per cache (least recently used dropped first).
+MEMORY_ITEMS = 16
+
+
+def content_key(*parts: Any) -> str:
+    """A stable hash of strings, bytes, numbers, numpy arrays and nested lists/dicts."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(b"k" + str(key).encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            digest.update(b"[%d" % len(value))
+            for item in value:
+                feed(item)
+        elif isinstance(value, bytes):
+            digest.update(b"b" + value)
+        elif isinstance(value, np.ndarray):
+            digest.update(f"a{value.shape}{value.dtype}".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        else:
+            digest.update(b"s" + repr(value).encode())
+
+    for part in parts:
+        feed(part)
+    return digest.hexdigest()[:32]
+
+
+class RunCache:
+    """Content-keyed values in memory, and on disk when the cache has a folder."""
+
+    def __init__(self, folder: str | Path | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.disk_hits = self.misses = 0
+
+    def _path(self, namespace: str, key: str) -> Path | None:
+        return self.folder / namespace / key if self.folder is not None else None
+
+    def get_or_compute(
+        self,
+        namespace: str,
+        key: str,
+        compute: Callable[[], T],
+        *,
+        save: Callable[[T, Any], None] | None = None,
+        load: Callable[[Any], T] | None = None,
+    ) -> T:
+        """The value for ``key``: from memory, else from disk (``load(file)``), else
+        ``compute()`` — then kept in memory and written to disk (``save(value, file)``,
+        atomically) when a folder and a save function are given. ``namespace`` separates
+        kinds of values (e.g. ``"onnxrt-calibration"``)."""
+        memory_key = f"{namespace}/{key}"
+        with self._lock:
+            if memory_key in self._memory:
+                self._memory.move_to_end(memory_key)
+                self.hits += 1
+                return self._memory[memory_key]  # type: ignore[no-any-return]
+        path = self._path(namespace, key)
+        value: Any = None
+        found = False
+        if path is not None and load is not None and path.exists():
+            try:
+                with open(path, "rb") as handle:
+                    value, found = load(handle), True
+                self.disk_hits += 1
+            except Exception:  # a corrupt or foreign file: recompute and overwrite it
+                found = False
+        if not found:
+            self.misses += 1
+            value = compute()
+            if path is not None and save is not None:
+                with atomic_write(path, "wb") as handle:
+                    save(value, handle)
+        with self._lock:
+            self._memory[memory_key] = value
+            while len(self._memory) > MEMORY_ITEMS:
+                self._memory.popitem(last=False)
+        return value  # type: ignore[no-any-return]
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._memory.clear()
+
+
+_process_cache = RunCache()
+_current: contextvars.ContextVar[RunCache | None] = contextvars.ContextVar(
+    "lpq_run_cache", default=None
+)
+_folder_caches: dict[Path, RunCache] = {}
+
+
+def run_cache() -> RunCache:
+    """The cache of the tuning run in progress, or this process's memory-only cache."""
+    return _current.get() or _process_cache
+
+
+@contextlib.contextmanager
+def using_run_cache(folder: str | Path | None) -> Iterator[RunCache]:
+    """Make the cache at ``folder`` current (one object per folder per process, so its
+    memory survives from trial to trial). ``None``: the process's memory-only cache."""
+    cache = _process_cache
+    if folder is not None:
+        resolved = Path(folder).resolve()
+        cache = _folder_caches.setdefault(resolved, RunCache(resolved))
+    token = _current.set(cache)
+    try:
+        yield cache
+    finally:
+        _current.reset(token)
