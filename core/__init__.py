@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .cache import RunCache, content_key, run_cache
 from .errors import (
     CapabilityError,
     ConfigError,
@@ -129,6 +130,7 @@ __all__ = [
     "PluginError",
     "PluginManager",
     "PostTrainingQuantConfig",
+    "RunCache",
     "Proposals",
     "QuantCapability",
     "QuantizedModel",
@@ -151,6 +153,7 @@ __all__ = [
     "accuracy_gain",
     "atomic_write",
     "batch_size",
+    "content_key",
     "evaluate_batches",
     "fall_back",
     "fit",
@@ -165,6 +168,7 @@ __all__ = [
     "quantize",
     "ranked",
     "requantize",
+    "run_cache",
     "split_batch",
     "take_samples",
     "validate_capability_file",
