@@ -117,6 +117,8 @@ class CapabilitySpec:
     ops: dict[str, tuple[str, ...]]
     capabilities: dict[str, list[QuantCapability]]
     patterns: list[tuple[str, ...]] = field(default_factory=list)
+    #: Precision combinations the target supports (empty: any mix of ``precisions``).
+    valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
 
     def quantizable_op_types(self) -> list[str]:
         return sorted(
@@ -173,6 +175,7 @@ class CapabilitySpec:
             optypewise=optypewise,
             fallbacks=fallbacks,
             patterns=list(self.patterns),
+            valid_mixed_precision=list(self.valid_mixed_precision),
         )
 
 
@@ -190,6 +193,8 @@ class FrameworkCapability:
     optypewise: dict[str, list[QuantCapability]]
     fallbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     patterns: list[tuple[str, ...]] = field(default_factory=list)
+    #: Precision combinations the target supports; a tuning run never leaves one of them.
+    valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
 
     def default_op_config(self, key: OpKey) -> OpConfig:
         return self.opwise[key][0].default_config()

@@ -188,6 +188,11 @@ def _describe(error: Any) -> str:
         )
     if validator == "pattern" and "patterns" in where:
         return f"{error.instance!r} is not a fusion pattern: write op types joined by ' + '"
+    if validator == "pattern" and "valid_mixed_precision" in where:
+        return (
+            f"{error.instance!r} is not a precision combination: write precisions joined "
+            "by ' + ', e.g. 'int8 + fp32'"
+        )
     return error.message
 
 
@@ -224,6 +229,19 @@ def _check_semantics(
             else:
                 seen_versions[name] = index
         precisions = set(block["precisions"])
+        for position, combination in enumerate(block.get("valid_mixed_precision", [])):
+            unknown = [p for p in combination.split(" + ") if p not in precisions]
+            if unknown:
+                raise CapabilityError(
+                    _error(
+                        source,
+                        lines,
+                        (index, "valid_mixed_precision", position),
+                        f"precision {unknown[0]!r} of combination {combination!r} is not "
+                        "listed in 'precisions'",
+                    ),
+                    hint=f"add {unknown[0]} to the block's precisions or fix the combination",
+                )
         for precision in block["ops"]:
             if precision not in precisions:
                 raise CapabilityError(
@@ -345,7 +363,9 @@ def select_block(
 def _tensor_options(data: Mapping[str, Any] | None) -> TensorOptions | None:
     if data is None:
         return None
-    extra = {key: tuple(data[key]) for key in ("block_size", "bits") if key in data}
+    extra = {
+        key: tuple(data[key]) for key in ("block_size", "bits", "reduce_range") if key in data
+    }
     return TensorOptions(
         dtype=tuple(data["dtype"]),
         scheme=tuple(data.get("scheme", ["sym"])),
@@ -378,6 +398,9 @@ def _spec_from_block(
         ops={precision: tuple(op_types) for precision, op_types in block["ops"].items()},
         capabilities=capabilities,
         patterns=[tuple(p.split(" + ")) for p in block.get("patterns", [])],
+        valid_mixed_precision=[
+            tuple(c.split(" + ")) for c in block.get("valid_mixed_precision", [])
+        ],
     )
 
 
@@ -409,6 +432,9 @@ def load_capability(
         for op_type, caps in spec.capabilities.items():
             merged.capabilities.setdefault(op_type, []).extend(caps)
         merged.patterns.extend(spec.patterns)
+        merged.valid_mixed_precision.extend(
+            c for c in spec.valid_mixed_precision if c not in merged.valid_mixed_precision
+        )
         merged.version_block += f", {picked} ({Path(file).name})"
         merged.source += f", {file}"
     assert merged is not None

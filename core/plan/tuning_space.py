@@ -15,10 +15,13 @@ from typing import Any
 from ..config import PostTrainingQuantConfig
 from ..errors import ConfigError
 from .approach import check_approach
+from .backend import RuledOut
 from .capability import FrameworkCapability
 from .tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 
 _MODE_ORDER = {"static": 0, "dynamic": 1, "weight_only": 2, "qat": 3}
+#: Tensor knobs kept in ``TensorConfig.options`` rather than as fields.
+_EXTRA_FIELDS = ("block_size", "bits", "reduce_range")
 
 
 @dataclass
@@ -30,6 +33,8 @@ class TuningSpace:
     forced: dict[OpKey, OpConfig] = field(default_factory=dict)
     calib_sampling_size: int = 100
     options: dict[str, Any] = field(default_factory=dict)
+    #: What the backend profile and the capability's ``valid_mixed_precision`` removed.
+    ruled_out: list[RuledOut] = field(default_factory=list)
 
     @property
     def ops(self) -> list[OpKey]:
@@ -134,10 +139,69 @@ def build_tuning_space(
                     hint="check the op type / name (lpq lists them in the tuning report)",
                 )
 
+    ruled_out = _keep_valid_mix(capability, choices, fallbacks, forced)
     options: dict[str, Any] = dict(extra_options or {})
     if config.quant_format != "default":
         options["quant_format"] = config.quant_format
-    return TuningSpace(choices, fallbacks, forced, config.calibration_sampling_size, options)
+    return TuningSpace(
+        choices, fallbacks, forced, config.calibration_sampling_size, options, ruled_out
+    )
+
+
+def _keep_valid_mix(
+    capability: FrameworkCapability,
+    choices: dict[OpKey, list[OpConfig]],
+    fallbacks: dict[OpKey, tuple[str, ...]],
+    forced: dict[OpKey, OpConfig],
+) -> list[RuledOut]:
+    """Keep the space inside one ``valid_mixed_precision`` combination, in place.
+
+    Every config a strategy can build mixes the precisions of the space, so a space whose
+    precisions all belong to one combination can never leave it. The combination kept is
+    the one that keeps the most quantized precisions, then the most float ones (the first
+    listed on a tie).
+    """
+    combinations = capability.valid_mixed_precision
+    if not combinations:
+        return []
+    quantized = {cfg.precision for cfgs in choices.values() for cfg in cfgs if cfg.quantized}
+    floats = {p for fb in fallbacks.values() for p in fb} | {"fp32"}
+    chosen = max(
+        combinations,
+        key=lambda c: (len(quantized & set(c)), len(floats & set(c)), -combinations.index(c)),
+    )
+    allowed = set(chosen)
+    label = f"valid_mixed_precision '{' + '.join(chosen)}'"
+    removed: dict[str, tuple[dict[str, None], set[OpKey]]] = {}
+    for key in choices:
+        for precision in {cfg.precision for cfg in choices[key]} | set(fallbacks[key]):
+            if precision not in allowed and key not in forced:
+                types, ops = removed.setdefault(precision, ({}, set()))
+                types[key[1]] = None
+                ops.add(key)
+        if key in forced:
+            if forced[key].precision not in allowed:
+                raise ConfigError(
+                    f"op {key[0]} ({key[1]}) is set to {forced[key].precision}, which the "
+                    f"target's {label} does not allow",
+                    hint=f"use one of {', '.join(chosen)} for it",
+                )
+            continue
+        fallbacks[key] = tuple(p for p in fallbacks[key] if p in allowed)
+        if not fallbacks[key]:
+            raise ConfigError(
+                f"{label} leaves op {key[0]} ({key[1]}) no float precision to fall back to",
+                hint="add a float precision (fp32, fp16 or bf16) to that combination",
+            )
+        kept = [cfg for cfg in choices[key] if cfg.precision in allowed]
+        if not kept:
+            forced[key] = OpConfig.fallback(fallbacks[key][0])
+            kept = [forced[key]]
+        choices[key] = kept
+    return [
+        RuledOut(label, precision, tuple(types), len(ops))
+        for precision, (types, ops) in removed.items()
+    ]
 
 
 def _mode_allowed(mode: str | None, approach: str, has_calib_data: bool) -> bool:
@@ -173,7 +237,7 @@ def _tensor_matches(tensor: TensorConfig | None, allowed: Mapping[str, Any]) -> 
         values = values if isinstance(values, list | tuple) else [values]
         actual = (
             tensor.options.get(field_name)
-            if field_name == "block_size"
+            if field_name in _EXTRA_FIELDS
             else getattr(tensor, field_name)
         )
         if actual not in values:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..plan.backend import QuantScheme
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,13 @@ class BackendProfile:
     ``backend`` option. ``options`` are merged into every tune_cfg's global options (for
     example an execution provider); ``capability_file`` optionally replaces the adaptor's
     capability YAML, narrowing what the strategy may choose on that backend.
+
+    ``scheme`` is the backend's quantization scheme as plain data (a mapping in the form
+    of :meth:`lpq.plan.backend.QuantScheme.to_json`, or a ``QuantScheme``): it narrows
+    the capability further (capability ∩ backend) and reaches the adaptor as
+    ``tune_cfg.options["backend_scheme"]``. ``writer`` names the function that writes the
+    backend's parameter files at deploy (``"package.module:function"``, imported only
+    then; see docs/adding-a-backend.md).
     """
 
     name: str
@@ -43,6 +53,20 @@ class BackendProfile:
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
     capability_file: Path | None = None
+    scheme: Any = None
+    writer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme is not None:
+            from ..plan.backend import QuantScheme
+
+            object.__setattr__(self, "scheme", QuantScheme.from_json(self.scheme))
+
+    @property
+    def quant_scheme(self) -> QuantScheme | None:
+        """The parsed scheme (``None``: the profile only sets options)."""
+        scheme: QuantScheme | None = self.scheme
+        return scheme
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,20 @@ def lpq_register_backend_profiles(register: Callable[[lpq.BackendProfile], None]
             options={"quant_format": "qoperator", "providers": ["CPUExecutionProvider"]},
         )
     )
+    register(
+        lpq.BackendProfile(
+            name="onnxrt-cpu-avx2",
+            framework=FRAMEWORK,
+            description="x86 CPU without VNNI (AVX2/AVX-512F): 7-bit weights (reduce_range), "
+            "since u8 x s8 multiply-adds saturate in int16 there",
+            options={"providers": ["CPUExecutionProvider"]},
+            scheme={
+                "weight": {"dtype": "int8", "granularity": "per_channel", "reduce_range": True},
+                "activation": {"dtype": "uint8", "symmetric": False},
+                "placement": "inputs",
+            },
+        )
+    )
 
 
 @lpq.hookimpl
