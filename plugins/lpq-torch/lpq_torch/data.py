@@ -123,7 +123,7 @@ def describe(args: CallArgs) -> str:
 def require_module(model: Any) -> torch.nn.Module:
     """``model`` itself, or the model in a ``.pt2`` file (``torch.export.save`` format)."""
     if isinstance(model, str | os.PathLike) and str(model).endswith(".pt2"):
-        from .serialize import load
+        from .persist import load
 
         return load(Path(model))
     if not isinstance(model, torch.nn.Module):

@@ -128,9 +128,9 @@ def lpq_convert_bf16(
 ) -> Any | None:
     if framework != FRAMEWORK:
         return None
-    from . import lowp_float
+    from . import convert
 
-    return lowp_float.convert(model, op_names, dtype)
+    return convert.convert(model, op_names, dtype)
 
 
 @lpq.hookimpl
@@ -162,15 +162,15 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     if framework != FRAMEWORK:
         return None
-    from . import serialize
+    from . import persist
 
-    return serialize.save(model, path)
+    return persist.save(model, path)
 
 
 @lpq.hookimpl
 def lpq_load_model(framework: str, path: Path) -> Any | None:
     if framework != FRAMEWORK:
         return None
-    from . import serialize
+    from . import persist
 
-    return serialize.load(path)
+    return persist.load(path)

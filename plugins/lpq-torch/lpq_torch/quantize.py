@@ -29,7 +29,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 
 from lpq import ConfigError, OpConfig, TuneConfig
 
-from . import dynamic, graph, lowp_float, prepare
+from . import convert, dynamic, graph, prepare
 from .calibration import calibrate
 from .data import at_least_two, first_batch, require_module
 from .errors import stage
@@ -109,7 +109,7 @@ def _pt2e(
     for dtype in ("bf16", "fp16"):
         names = [n for (n, _), c in tune_cfg.ops.items() if c.precision == dtype]
         if names:
-            lowp_float.cast_nodes(result, names, dtype)
+            convert.cast_nodes(result, names, dtype)
     return result
 
 
