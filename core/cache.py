@@ -90,7 +90,7 @@ class RunCache:
             if memory_key in self._memory:
                 self._memory.move_to_end(memory_key)
                 self.hits += 1
-                return self._memory[memory_key]  # type: ignore[no-any-return]
+                return self._memory[memory_key]
         path = self._path(namespace, key)
         value: Any = None
         found = False
@@ -111,7 +111,7 @@ class RunCache:
             self._memory[memory_key] = value
             while len(self._memory) > MEMORY_ITEMS:
                 self._memory.popitem(last=False)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def clear_memory(self) -> None:
         with self._lock:

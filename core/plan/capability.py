@@ -119,6 +119,8 @@ class CapabilitySpec:
     patterns: list[tuple[str, ...]] = field(default_factory=list)
     #: Precision combinations the target supports (empty: any mix of ``precisions``).
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
+    #: Model-wide options the tuner may search: name -> values, the default first.
+    recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def quantizable_op_types(self) -> list[str]:
         return sorted(
@@ -176,6 +178,7 @@ class CapabilitySpec:
             fallbacks=fallbacks,
             patterns=list(self.patterns),
             valid_mixed_precision=list(self.valid_mixed_precision),
+            recipes=dict(self.recipes),
         )
 
 
@@ -195,6 +198,8 @@ class FrameworkCapability:
     patterns: list[tuple[str, ...]] = field(default_factory=list)
     #: Precision combinations the target supports; a tuning run never leaves one of them.
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
+    #: Model-wide options the tuner may search (``recipes`` in the YAML), default first.
+    recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def default_op_config(self, key: OpKey) -> OpConfig:
         return self.opwise[key][0].default_config()

@@ -363,9 +363,7 @@ def select_block(
 def _tensor_options(data: Mapping[str, Any] | None) -> TensorOptions | None:
     if data is None:
         return None
-    extra = {
-        key: tuple(data[key]) for key in ("block_size", "bits", "reduce_range") if key in data
-    }
+    extra = {key: tuple(data[key]) for key in ("block_size", "bits", "reduce_range") if key in data}
     return TensorOptions(
         dtype=tuple(data["dtype"]),
         scheme=tuple(data.get("scheme", ["sym"])),
@@ -401,6 +399,7 @@ def _spec_from_block(
         valid_mixed_precision=[
             tuple(c.split(" + ")) for c in block.get("valid_mixed_precision", [])
         ],
+        recipes={name: tuple(values) for name, values in block.get("recipes", {}).items()},
     )
 
 
@@ -435,6 +434,9 @@ def load_capability(
         merged.valid_mixed_precision.extend(
             c for c in spec.valid_mixed_precision if c not in merged.valid_mixed_precision
         )
+        for name, values in spec.recipes.items():
+            known = merged.recipes.get(name, ())
+            merged.recipes[name] = (*known, *(v for v in values if v not in known))
         merged.version_block += f", {picked} ({Path(file).name})"
         merged.source += f", {file}"
     assert merged is not None

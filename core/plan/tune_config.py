@@ -133,6 +133,10 @@ class TuneConfig:
         ops.update(changes)
         return replace(self, ops=ops, options=dict(self.options))
 
+    def with_options(self, changes: Mapping[str, Any]) -> TuneConfig:
+        """A copy with some global ``options`` changed."""
+        return replace(self, ops=dict(self.ops), options={**self.options, **changes})
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ops": [

@@ -35,6 +35,9 @@ class TuningSpace:
     options: dict[str, Any] = field(default_factory=dict)
     #: What the backend profile and the capability's ``valid_mixed_precision`` removed.
     ruled_out: list[RuledOut] = field(default_factory=list)
+    #: Model-wide options the strategy may vary (capability ``recipes`` the user did not
+    #: fix): name -> values, the default (already in ``options``) first.
+    recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def ops(self) -> list[OpKey]:
@@ -65,6 +68,16 @@ class TuningSpace:
 
     def all_fallback(self) -> TuneConfig:
         return self.make({key: self.fallback(key) for key in self.choices})
+
+    def recipe_variants(self, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
+        """``cfg`` with one recipe changed to each of its other values, labelled
+        ``"name=value"``."""
+        variants = []
+        for name, values in self.recipes.items():
+            for value in values:
+                if cfg.options.get(name) != value:
+                    variants.append((f"{name}={value}", cfg.with_options({name: value})))
+        return variants
 
     def op_type_variants(self, op_type: str) -> list[OpConfig]:
         """Distinct configs every tunable op of ``op_type`` allows, the default first."""
@@ -143,8 +156,19 @@ def build_tuning_space(
     options: dict[str, Any] = dict(extra_options or {})
     if config.quant_format != "default":
         options["quant_format"] = config.quant_format
+    recipes = {}
+    for name, values in capability.recipes.items():
+        if name not in options:  # a value the user or a backend profile set is fixed
+            options[name] = values[0]
+            recipes[name] = values
     return TuningSpace(
-        choices, fallbacks, forced, config.calibration_sampling_size, options, ruled_out
+        choices,
+        fallbacks,
+        forced,
+        config.calibration_sampling_size,
+        options,
+        ruled_out,
+        recipes,
     )
 
 

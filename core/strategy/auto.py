@@ -15,7 +15,8 @@
    cannot collapse accuracy. Error is re-measured after each step: once a culprit's
    damage is gone, one further down the graph becomes visible.
 6. With ``exit_policy="best"`` and budget left: win back fallen ops greedily and try the
-   other options of each op type.
+   other options of each op type and the other recipe values (e.g. latency-aware
+   quantization, which keeps in fp32 what int8 makes slower on this machine).
 """
 
 from __future__ import annotations

@@ -1,0 +1,101 @@
+"""Capability ``recipes``: model-wide options (e.g. SmoothQuant, latency-aware
+quantization) that an adaptor declares in YAML and the tuner searches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lpq
+from lpq.plan.tuning_space import build_tuning_space
+from lpq.testing.fake_adaptor import CAPABILITY_YAML, FakeAdaptorPlugin, FakeModel
+
+RECIPES = "  recipes:\n    smooth: [false, true]\n    latency_aware: [false, true]\n"
+
+
+def capability_file(folder: Path, extra: str = RECIPES) -> Path:
+    path = folder / "with-recipes.yaml"
+    path.write_text(CAPABILITY_YAML + extra)
+    return path
+
+
+def test_recipes_load_and_merge_across_files(tmp_path):
+    first = capability_file(tmp_path)
+    second = tmp_path / "more.yaml"
+    second.write_text(CAPABILITY_YAML + "  recipes:\n    smooth: [false, alpha_0_8]\n")
+    spec = lpq.load_capability([first, second], "fake", None)
+    assert spec.recipes == {"smooth": (False, True, "alpha_0_8"), "latency_aware": (False, True)}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("  recipes:\n    smooth: []\n", "should be non-empty"),
+        ("  recipes:\n    Smooth-Quant: [true]\n", "does not match"),
+        ("  recipes:\n    smooth: [{a: 1}]\n", "expected"),
+    ],
+)
+def test_malformed_recipes_are_capability_errors(tmp_path, extra, message):
+    with pytest.raises(lpq.CapabilityError, match=message):
+        lpq.load_capability(capability_file(tmp_path, extra), "fake", None)
+
+
+def space_for(tmp_path: Path, conf: lpq.PostTrainingQuantConfig, **options):
+    spec = lpq.load_capability(capability_file(tmp_path), "fake", None)
+    capability = spec.build([("op0", "Conv"), ("op1", "MatMul")], None)
+    return build_tuning_space(capability, conf, has_calib_data=True, extra_options=options)
+
+
+def test_default_config_takes_each_recipes_first_value(tmp_path):
+    space = space_for(tmp_path, lpq.PostTrainingQuantConfig())
+    assert space.default().options == {"smooth": False, "latency_aware": False}
+    labels = [label for label, _ in space.recipe_variants(space.default())]
+    assert labels == ["smooth=True", "latency_aware=True"]
+
+
+def test_a_recipe_set_by_the_user_or_a_profile_is_not_searched(tmp_path):
+    space = space_for(tmp_path, lpq.PostTrainingQuantConfig(), latency_aware=True)
+    assert space.default().options["latency_aware"] is True
+    assert list(space.recipes) == ["smooth"]
+
+
+class SmoothingAdaptor(FakeAdaptorPlugin):
+    """Its 'smooth' recipe halves every op's accuracy cost, as SmoothQuant does for
+    outlier-heavy MatMuls."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.capability_file.write_text(CAPABILITY_YAML + RECIPES)
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        if tune_cfg.options.get("smooth"):
+            model = FakeModel(
+                ops=model.ops, sensitivity={k: v / 4 for k, v in model.sensitivity.items()}
+            )
+        return super().lpq_quantize(framework, model, tune_cfg, calib_dataloader, train_func)
+
+
+def test_auto_tries_recipes_before_falling_back_ops(lpq_plugin, tmp_path):
+    lpq_plugin(SmoothingAdaptor(tmp_path), name="fake")
+    ops = [(f"op{i}", "MatMul") for i in range(10)]
+    model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.002 for i in range(10)})
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=10),
+    )
+    result = lpq.fit(
+        model,
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )
+    assert result.goal_met
+    assert result.tune_cfg.options["smooth"] is True
+    assert result.best.quantized_ops == 10, "the recipe, not a fallback, met the goal"
+    assert result.best.stage == "recipe smooth=True"
