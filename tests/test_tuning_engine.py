@@ -233,3 +233,16 @@ def test_written_files_keep_normal_permissions_and_stale_temporaries_go(lpq_plug
         os.umask(previous)
     assert oct(first.history_path.stat().st_mode & 0o777) == oct(0o644)
     assert not leftover.exists()
+
+
+def test_reported_speedup_is_remeasured_side_by_side_at_the_end(lpq_plugin, tmp_path):
+    plugin = FakeAdaptorPlugin(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    result = fit(spread_model(), conf("auto", max_trials=3), tmp_path / "ws")
+    history = json.loads(result.history_path.read_text())
+    final = history["final_latency"]
+    assert final["how"].startswith("interleaved")
+    summary = result.summary()
+    assert summary["baseline_latency_ms"] == final["baseline_ms"]
+    assert summary["final_latency_ms"] == final["chosen_ms"]
+    assert summary["latency_speedup"] == pytest.approx(final["baseline_ms"] / final["chosen_ms"])
