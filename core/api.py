@@ -377,6 +377,10 @@ def quantize(
     calib = as_dataloader(calib_dataloader)
     framework = conf.framework or pm.detect_framework(model)
     if tune_cfg is None:
-        tune_cfg = _tuning_space(pm, conf, framework, model, calib).default()
+        space = _tuning_space(pm, conf, framework, model, calib)
+        tune_cfg = space.default()
+        if True in space.recipes.get("latency_aware", ()):
+            # One configuration, no tuning: the adaptor should not make anything slower.
+            tune_cfg = tune_cfg.with_options({"latency_aware": True})
     result = pm.quantize(framework, model, tune_cfg, calib)
     return QuantizedModel(model=result, framework=framework, tune_cfg=tune_cfg)

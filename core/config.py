@@ -128,6 +128,10 @@ class PostTrainingQuantConfig:
     op_defaults: dict[str, Any] = field(default_factory=dict)
     backend: str | None = None
     framework: str | None = None
+    #: Keep in fp32 what int8 makes slower on this machine (adaptors that declare the
+    #: ``latency_aware`` recipe measure it). ``None``: on for ``lpq.quantize``, searched by
+    #: ``lpq.fit``; ``True`` / ``False``: fixed.
+    latency_aware: bool | None = None
     accuracy_criterion: AccuracyCriterion = field(default_factory=AccuracyCriterion)
     tuning_criterion: TuningCriterion = field(default_factory=TuningCriterion)
 

@@ -99,3 +99,14 @@ def test_auto_tries_recipes_before_falling_back_ops(lpq_plugin, tmp_path):
     assert result.tune_cfg.options["smooth"] is True
     assert result.best.quantized_ops == 10, "the recipe, not a fallback, met the goal"
     assert result.best.stage == "recipe smooth=True"
+
+
+def test_quantize_turns_latency_awareness_on_unless_told_otherwise(lpq_plugin, tmp_path):
+    lpq_plugin(SmoothingAdaptor(tmp_path), name="fake")
+    model = FakeModel(ops=[("op0", "Conv"), ("op1", "MatMul")])
+    calib = [np.zeros((4, 1), np.float32)]
+    assert lpq.quantize(model, None, calib).tune_cfg.options["latency_aware"] is True
+    off = lpq.PostTrainingQuantConfig(latency_aware=False)
+    assert lpq.quantize(model, off, calib).tune_cfg.options["latency_aware"] is False
+    space = space_for(tmp_path, lpq.PostTrainingQuantConfig(latency_aware=True))
+    assert "latency_aware" not in space.recipes, "a value the user set is not searched"

@@ -156,6 +156,8 @@ def build_tuning_space(
     options: dict[str, Any] = dict(extra_options or {})
     if config.quant_format != "default":
         options["quant_format"] = config.quant_format
+    if config.latency_aware is not None:
+        options["latency_aware"] = config.latency_aware
     recipes = {}
     for name, values in capability.recipes.items():
         if name not in options:  # a value the user or a backend profile set is fixed
