@@ -246,3 +246,23 @@ def test_reported_speedup_is_remeasured_side_by_side_at_the_end(lpq_plugin, tmp_
     assert summary["baseline_latency_ms"] == final["baseline_ms"]
     assert summary["final_latency_ms"] == final["chosen_ms"]
     assert summary["latency_speedup"] == pytest.approx(final["baseline_ms"] / final["chosen_ms"])
+
+
+class BrokenInspection(FakeAdaptorPlugin):
+    """Inspection dies with a raw framework error (as torchao's IndexError did on MiniLM)."""
+
+    @lpq.hookimpl
+    def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
+        if framework != "fake":
+            return None
+        raise IndexError("list index out of range")
+
+
+def test_a_raw_error_while_inspecting_never_ends_tuning(lpq_plugin, tmp_path, caplog):
+    lpq_plugin(BrokenInspection(tmp_path), name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(6)]
+    model = FakeModel(ops=ops, sensitivity={"op0": 0.0001, "op3": 0.05})
+    result = fit(model, conf("auto", max_trials=12), tmp_path / "ws")
+    assert result.goal_met, "ranked by trials instead"
+    assert "op3" in {n for (n, _), c in result.tune_cfg.ops.items() if not c.quantized}
+    assert "IndexError" in caplog.text and "ranking ops with trials instead" in caplog.text
