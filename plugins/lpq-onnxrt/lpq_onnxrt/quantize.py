@@ -17,6 +17,7 @@ Ops set to fp32 are excluded from every pass. The input model is never modified.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -26,7 +27,7 @@ import numpy as np
 
 from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from . import latency, model_io, ranges
+from . import latency, model_io, ranges, recipes
 from .qmodel import QuantizedModel
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def quantize(
     """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring."""
     prepared = model_io.prepare(model)
     base = prepared.model
+    model_key = prepared.key
     nodes = {node.name: node for node in base.graph.node}
     unknown = [name for name, _ in tune_cfg.ops if name not in nodes]
     if unknown:
@@ -110,12 +112,24 @@ def quantize(
             )
         from .capability import load_spec
 
+        chosen = recipes.requested(tune_cfg.options)
+        if chosen:
+            base = recipes.apply(
+                base,
+                tune_cfg.options,
+                lambda: ranges.limited_feeds(
+                    prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
+                ),
+                groups["static"],
+            )
+            model_key = f"{prepared.key}|{json.dumps(chosen, sort_keys=True, default=str)}"
+            work = model_io.copy_model(base)
         candidates = ranges.calibration_candidates(base, load_spec().quantizable_op_types())
         from .calibration import memory_budget
 
         stats = ranges.statistics(
             base,
-            prepared.key,
+            model_key,
             candidates,
             calib_dataloader,
             tune_cfg.calib_sampling_size,

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     import onnxruntime
 
 
-def session_options(options: Mapping[str, Any] | None = None) -> onnxruntime.SessionOptions:
+def build_session_options(
+    options: Mapping[str, Any] | None = None,
+) -> onnxruntime.SessionOptions:
     """SessionOptions from lpq options: ``intra_op_num_threads``, ``inter_op_num_threads``,
     ``graph_optimization_level`` (``basic``/``extended``/``all``/``disable``), and for
     lpq's own measurements ``enable_profiling`` (a file prefix) and
@@ -77,13 +79,20 @@ def providers(options: Mapping[str, Any] | None = None) -> list[str]:
 
 
 def create_session(
-    model: onnx.ModelProto, options: Mapping[str, Any] | None = None
+    model: onnx.ModelProto,
+    options: Mapping[str, Any] | None = None,
+    *,
+    session_options: onnxruntime.SessionOptions | None = None,
+    purpose: str = "",
 ) -> onnxruntime.InferenceSession:
-    """An InferenceSession for ``model``; ModelError when ORT cannot load it."""
+    """The one place lpq creates an InferenceSession (evaluation, calibration, inspection,
+    latency measurement). ``session_options`` replaces the ones built from ``options``;
+    models over the protobuf limit go through a temporary file with external data.
+    ModelError when ORT cannot load the model."""
     import onnx
     import onnxruntime as ort
 
-    opts = session_options(options)
+    opts = session_options if session_options is not None else build_session_options(options)
     prov = providers(options)
     try:
         if model.ByteSize() < PROTO_LIMIT:
@@ -93,8 +102,9 @@ def create_session(
             onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
             return ort.InferenceSession(os.fspath(path), opts, providers=prov)
     except Exception as exc:
+        what = f" for {purpose}" if purpose else ""
         raise ModelError(
-            f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",
+            f"ONNX Runtime cannot load the model{what} ({type(exc).__name__}: {exc})",
             hint="check the model with onnx.checker.check_model; ops must be supported by "
             "the execution provider",
         ) from None

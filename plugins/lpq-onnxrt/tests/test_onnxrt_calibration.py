@@ -158,7 +158,7 @@ def test_empty_arrays_register_but_raise_until_data_arrives() -> None:
     assert stats.compute_range("t", "minmax", symmetric=True) == (-0.5, 0.5)
 
 
-@pytest.mark.parametrize("algorithm", ["minmax", "kl", "percentile"])
+@pytest.mark.parametrize("algorithm", ["minmax", "kl", "percentile", "mse"])
 def test_constant_and_zero_tensors(algorithm: str) -> None:
     stats = CalibrationStats()
     stats.update("c", np.full((4, 5), 2.5, dtype=np.float32))
@@ -184,7 +184,7 @@ def test_bad_arguments_raise_lpq_errors() -> None:
     stats = CalibrationStats()
     stats.update("t", np.arange(10.0))
     with pytest.raises(lpq.ConfigError, match="algorithm"):
-        stats.compute_range("t", "mse", symmetric=True)
+        stats.compute_range("t", "entropy_v2", symmetric=True)
     with pytest.raises(lpq.ConfigError, match="percentile"):
         stats.compute_range("t", "percentile", symmetric=True, percentile=0.0)
     with pytest.raises(lpq.DataError, match="missing"):
@@ -308,9 +308,9 @@ def test_collect_statistics_leaves_the_callers_session_options_alone() -> None:
 
 
 def test_collect_statistics_on_a_model_too_large_to_serialize_inline(monkeypatch) -> None:
-    from lpq_onnxrt import calibration
+    from lpq_onnxrt import session
 
-    monkeypatch.setattr(calibration, "_MAX_INLINE_MODEL_BYTES", 0)  # take the external-data path
+    monkeypatch.setattr(session, "PROTO_LIMIT", 0)  # take the external-data path
     model, w = _mlp_model()
     x = np.random.default_rng(6).normal(size=(3, 8)).astype(np.float32)
     stats = collect_statistics(model, ["h_b"], [{"x": x}])
@@ -323,11 +323,11 @@ def test_collect_statistics_on_a_model_too_large_to_serialize_inline(monkeypatch
 def test_kl_coarse_to_fine_search_matches_exhaustive_search(
     gaussian: np.ndarray, monkeypatch
 ) -> None:
-    from lpq_onnxrt import calibration
+    from lpq_onnxrt.calibration import algorithms
 
     data = np.concatenate([gaussian, np.abs(gaussian[:50_000]) * 3.0])  # skewed, heavier tail
     fast = _stats(data).compute_range("t", "kl", symmetric=True)
-    monkeypatch.setattr(calibration, "_KL_COARSE_STEPS", 10**9)  # every threshold
+    monkeypatch.setattr(algorithms, "_KL_COARSE_STEPS", 10**9)  # every threshold
     exhaustive = _stats(data).compute_range("t", "kl", symmetric=True)
     assert abs(fast[1] - exhaustive[1]) <= 8 * _bin_width(data)
 
@@ -335,7 +335,7 @@ def test_kl_coarse_to_fine_search_matches_exhaustive_search(
 def test_memory_budget_bounds_every_run_and_changes_no_statistic(monkeypatch) -> None:
     """A 64-sample batch under a budget below one sample's activations: runs of at most the
     budget, in tensor groups, and histograms identical to one unbounded run."""
-    from lpq_onnxrt import calibration
+    from lpq_onnxrt.calibration import collect as calibration
 
     model, _ = _mlp_model()
     rng = np.random.default_rng(5)
@@ -382,7 +382,39 @@ def test_memory_budget_knob(monkeypatch) -> None:
 
 def test_inputs_without_a_common_batch_axis_are_not_split() -> None:
     """A recurrent model's state input has the batch on axis 1: feeds run whole."""
-    from lpq_onnxrt.calibration import _batch_of
+    from lpq_onnxrt.calibration.collect import _batch_of
 
     assert _batch_of({"x": np.zeros((4, 8)), "sr": np.array(16000)}) == 4
     assert _batch_of({"x": np.zeros((4, 8)), "state": np.zeros((2, 4, 128))}) is None
+
+
+def _fake_quant_mse(x: np.ndarray, lo: float, hi: float, levels: int = 256) -> float:
+    """Mean squared error of numpy quantize-dequantize of ``x`` to ``[lo, hi]``."""
+    scale = (hi - lo) / (levels - 1)
+    zero = np.round(-lo / scale)
+    q = np.clip(np.round(x / scale) + zero, 0, levels - 1)
+    return float(np.mean(((q - zero) * scale - x) ** 2))
+
+
+@pytest.mark.parametrize("shape", ["gaussian", "heavy_tail", "relu"])
+def test_mse_range_is_near_the_numpy_brute_force_optimum(shape: str) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=200_000).astype(np.float32)
+    if shape == "heavy_tail":
+        x = rng.standard_t(2, size=200_000).astype(np.float32)
+    if shape == "relu":
+        x = np.maximum(x, 0) * rng.exponential(1.0, size=x.size).astype(np.float32)
+    stats = _stats(x)
+    symmetric = shape != "relu"
+    lo, hi = stats.compute_range("t", "mse", symmetric=symmetric)
+    # numpy reference: the best of 400 clipping thresholds, by real fake-quant error
+    top = float(np.abs(x).max())
+    grid = np.linspace(top / 400, top, 400)
+    errors = [_fake_quant_mse(x, -t if symmetric else 0.0, t, 256) for t in grid]
+    best = float(min(errors))
+    ours = _fake_quant_mse(x, lo, hi)
+    minmax = _fake_quant_mse(x, *stats.compute_range("t", "minmax", symmetric=symmetric))
+    assert ours <= best * 1.10, (ours, best)
+    if shape == "heavy_tail":
+        assert ours < 0.9 * minmax  # clipping outliers pays off
+    assert ours <= minmax * 1.001

@@ -1,0 +1,266 @@
+"""Running ONNX Runtime over calibration data to fill :class:`CalibrationStats`.
+
+The statistics and range maths live in :mod:`.histogram` and :mod:`.algorithms` (numpy
+only); this module is the one that imports onnx / onnxruntime, inside its functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence, Sized
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lpq import ConfigError, DataError, ModelError
+
+from .histogram import CalibrationStats
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
+
+
+#: Default budget for the activations one calibration run may return (bytes).
+DEFAULT_MEMORY_BUDGET = 1 << 30
+MEMORY_ENV = "LPQ_CALIB_MEMORY_MB"
+
+
+def memory_budget(options: Mapping[str, Any] | None = None) -> int:
+    """Bytes of activations a calibration run may hold: ``options['calibration_memory_mb']``,
+    else ``$LPQ_CALIB_MEMORY_MB``, else 1024 MiB."""
+    value = (options or {}).get("calibration_memory_mb") or os.environ.get(MEMORY_ENV)
+    if value in (None, ""):
+        return DEFAULT_MEMORY_BUDGET
+    try:
+        megabytes = float(value)
+    except (TypeError, ValueError):
+        megabytes = -1.0
+    if megabytes <= 0:
+        raise ConfigError(
+            f"the calibration memory budget must be a positive number of MiB, not {value!r}",
+            hint=f"set calibration_memory_mb (or {MEMORY_ENV}) to e.g. 512",
+        )
+    return int(megabytes * (1 << 20))
+
+
+@dataclass
+class _Plan:
+    """How to run one feed within the budget: samples per run and tensors per run."""
+
+    chunk: int
+    groups: list[list[str]]
+
+
+def _batch_of(feed: Mapping[str, np.ndarray]) -> int | None:
+    """The feed's batch size when every non-scalar input leads with the same dimension."""
+    leading = {int(np.shape(v)[0]) for v in feed.values() if np.ndim(v) >= 1}
+    return leading.pop() if len(leading) == 1 else None
+
+
+def _slice(feed: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
+    return {k: (v[start:stop] if np.ndim(v) >= 1 else v) for k, v in feed.items()}
+
+
+def _plan(per_sample: Mapping[str, int], budget: int, batch: int) -> _Plan:
+    """Pack tensors into groups whose bytes for ``chunk`` samples fit ``budget``."""
+    total = sum(per_sample.values())
+    chunk = max(1, min(batch, budget // max(total, 1)))
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, size in per_sample.items():
+        if groups[-1] and used + size * chunk > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size * chunk
+    return _Plan(chunk, groups)
+
+
+def collect_statistics(
+    model: onnx.ModelProto,
+    tensor_names: Sequence[str],
+    feeds: Iterable[dict[str, np.ndarray]],
+    *,
+    num_bins: int = 2048,
+    session_options: onnxruntime.SessionOptions | None = None,
+    show_progress: bool = True,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+) -> CalibrationStats:
+    """Run ``model`` on every feed and stream the named tensors into :class:`CalibrationStats`.
+
+    The model is copied and the requested intermediate tensors become graph outputs;
+    graph inputs are read from the feeds and initializers from the model itself. The
+    session runs on the CPU with graph optimizations disabled, so that intermediate
+    tensor names survive; thread and logging settings come from ``session_options``
+    (which is not modified).
+
+    Peak memory is bounded by ``memory_budget_bytes`` (plus ORT's own working memory),
+    whatever the model, batch or number of samples: the first feed is probed with one
+    sample to learn each tensor's bytes per sample; then every feed runs in chunks of
+    samples, and when one sample's activations alone exceed the budget, the tensors are
+    fetched in groups, one run per group. Outputs are folded into the histograms and
+    dropped before the next run.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    stats = CalibrationStats(num_bins)
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    graph_inputs = [i.name for i in graph.input if i.name not in initializers]
+    produced = {out for node in graph.node for out in node.output if out}
+    unknown = [
+        n
+        for n in tensor_names
+        if n not in produced and n not in initializers and n not in graph_inputs
+    ]
+    if unknown:
+        raise ModelError(
+            f"tensors {unknown} are not produced by any top-level node of the model",
+            hint="calibrate only names of node outputs, graph inputs or initializers",
+        )
+    wanted = list(dict.fromkeys(tensor_names))
+    for name in wanted:  # weights: one update, no inference needed
+        if name in initializers:
+            stats.update(name, numpy_helper.to_array(initializers[name]))
+    from_feeds = [n for n in wanted if n in graph_inputs]
+    from_session = [n for n in wanted if n in produced]
+
+    augmented = onnx.ModelProto()
+    augmented.CopyFrom(model)
+    existing = {out.name for out in augmented.graph.output}
+    typed = {vi.name: vi for vi in list(augmented.graph.value_info) + list(augmented.graph.output)}
+    for name in from_session:
+        if name in existing:
+            continue
+        info = onnx.ValueInfoProto()
+        if name in typed:
+            info.CopyFrom(typed[name])
+        else:
+            info.name = name  # ORT infers the type of an untyped graph output
+        augmented.graph.output.append(info)
+
+    session = _make_session(augmented, session_options)
+    required = {i.name for i in session.get_inputs()}
+    count = 0
+    plan: _Plan | None = None
+    for feed in _with_progress(feeds, show_progress):
+        if not isinstance(feed, Mapping):
+            raise DataError(
+                f"calibration feed #{count} is a {type(feed).__name__}, not a dict",
+                hint="yield dicts of model input name to numpy array",
+            )
+        missing = required - set(feed)
+        if missing:
+            raise DataError(
+                f"calibration feed #{count} lacks model inputs {sorted(missing)}",
+                hint=f"the model takes inputs {sorted(required)}",
+            )
+        for name in from_feeds:
+            stats.update(name, np.asarray(feed[name]))
+        if from_session:
+            run_feed = {k: np.asarray(v) for k, v in feed.items() if k in required}
+            batch = _batch_of(run_feed)
+            if plan is None:
+                plan = _probe(session, from_session, run_feed, batch, memory_budget_bytes, count)
+            step = plan.chunk if batch is not None else 1
+            for start in range(0, batch or 1, step):
+                part = _slice(run_feed, start, start + step) if batch is not None else run_feed
+                for group in plan.groups:
+                    outputs = _run(session, group, part, count)
+                    for name, value in zip(group, outputs):
+                        stats.update(name, value)
+                    del outputs
+        count += 1
+    if count == 0:
+        raise DataError("the calibration data yielded no feeds", hint="pass at least one sample")
+    return stats
+
+
+def _run(
+    session: onnxruntime.InferenceSession, names: list[str], feed: dict[str, np.ndarray], index: int
+) -> list[np.ndarray]:
+    try:
+        return list(session.run(names, feed))
+    except Exception as error:  # ORT raises its own untyped exceptions
+        raise DataError(
+            f"ONNX Runtime could not run calibration feed #{index}: {error}",
+            hint="check the input names, shapes and dtypes against the model",
+        ) from error
+
+
+def _probe(
+    session: onnxruntime.InferenceSession,
+    names: list[str],
+    feed: dict[str, np.ndarray],
+    batch: int | None,
+    budget: int,
+    index: int,
+) -> _Plan:
+    """Bytes per sample of each tensor, from one sample of the first feed."""
+    sample = _slice(feed, 0, 1) if batch is not None else feed
+    sizes: dict[str, int] = {}
+    for name in names:  # one tensor at a time: the probe itself stays within the budget
+        (value,) = _run(session, [name], sample, index)
+        sizes[name] = int(np.asarray(value).nbytes)
+        del value
+    return _plan(sizes, budget, batch or 1)
+
+
+def _make_session(
+    model: onnx.ModelProto, options: onnxruntime.SessionOptions | None
+) -> onnxruntime.InferenceSession:
+    from ..session import create_session
+
+    return create_session(model, session_options=_unoptimized_copy(options), purpose="calibration")
+
+
+# Plain SessionOptions settings carried over from the caller's options.
+_COPIED_OPTIONS = (
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "execution_mode",
+    "log_severity_level",
+    "log_verbosity_level",
+    "enable_cpu_mem_arena",
+    "enable_mem_pattern",
+    "use_deterministic_compute",
+)
+
+
+def _unoptimized_copy(
+    options: onnxruntime.SessionOptions | None,
+) -> onnxruntime.SessionOptions:
+    """Fresh session options with graph optimizations off (so tensor names survive).
+
+    A copy, because callers reuse their options for evaluation sessions, which must
+    stay optimized.
+    """
+    import onnxruntime
+
+    fresh = onnxruntime.SessionOptions()
+    if options is not None:
+        for name in _COPIED_OPTIONS:
+            setattr(fresh, name, getattr(options, name))
+    fresh.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return fresh
+
+
+def _with_progress(feeds: Iterable[Any], enabled: bool) -> Iterable[Any]:
+    """Yield ``feeds`` while showing a progress bar on an interactive terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield from feeds
+        return
+    from rich.progress import Progress
+
+    total = len(feeds) if isinstance(feeds, Sized) else None
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("calibrating", total=total)
+        for feed in feeds:
+            yield feed
+            progress.advance(task)
