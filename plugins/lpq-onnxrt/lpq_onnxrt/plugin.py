@@ -217,6 +217,33 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 
 
 @lpq.hookimpl
+def lpq_set_tensor(framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from .edit import set_tensor
+
+    return set_tensor(model, tensor_name, value)
+
+
+@lpq.hookimpl
+def lpq_quantize_input(framework: str, model: Any, options: dict[str, Any]) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from .edit import quantize_input
+
+    return quantize_input(model, options)
+
+
+@lpq.hookimpl
+def lpq_convert(framework: str, model: Any, target: str, options: dict[str, Any]) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from .edit import convert
+
+    return convert(model, target, options)
+
+
+@lpq.hookimpl
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     if framework != FRAMEWORK:
         return None

@@ -52,7 +52,7 @@ def test_set_tensor_requantizes_a_quantized_weight_with_its_own_scale(digits):
 
 
 def test_set_tensor_on_a_bias_and_on_the_fp32_model(digits):
-    example, quantized, inputs = digits
+    example, quantized, _ = digits
     pm = lpq.get_plugin_manager()
     edited = pm.set_tensor("onnxrt", quantized, "conv1.bias", np.full(32, 0.25))
     ints = initializers(edited.proto)
