@@ -17,8 +17,11 @@ from typing import Any
 
 from .config import PostTrainingQuantConfig
 from .errors import ConfigError, TuningError
-from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, split_batch
+from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, batch_size, split_batch
 from .eval.evaluation import Metric, Postprocess
+from .eval.metrics import label_free_metric
+from .eval.watch import reading
+from .plan.extra_capability import merge_capability_files
 from .plan.tune_config import TuneConfig
 from .plan.tuning_space import TuningSpace, build_tuning_space
 from .plugins.manager import PluginManager, get_plugin_manager
@@ -58,6 +61,10 @@ class TuningResult(QuantizedModel):
     objective: str = "performance"
     history_path: Path | None = None
     stop_reason: str = ""
+    #: How accuracy was scored, when lpq chose the metric (no labels in the data).
+    metric_note: str = ""
+    #: Samples per batch of the latency data: ``latency_ms`` is per batch of this many.
+    latency_batch_size: int | None = None
 
     @property
     def accuracy(self) -> float:
@@ -77,6 +84,7 @@ class TuningResult(QuantizedModel):
         return {
             "framework": self.framework,
             "metric": self.metric,
+            "metric_note": self.metric_note,
             "goal_met": self.goal_met,
             "stop_reason": self.stop_reason,
             "baseline_accuracy": base.accuracy,
@@ -85,6 +93,7 @@ class TuningResult(QuantizedModel):
             "baseline_latency_ms": base.latency_ms,
             "final_latency_ms": best.latency_ms,
             "latency_speedup": speedup,
+            "latency_batch_size": self.latency_batch_size,
             "baseline_size_bytes": base.size_bytes,
             "final_size_bytes": best.size_bytes,
             "size_reduction": size_ratio,
@@ -115,12 +124,15 @@ def _tuning_space(
                 f"but the model is a {framework} model"
             )
         options.update(profile.options)
-    capability = pm.query_capability(framework, model, calib, options)
+    # Extra capability files reach the adaptor too, but core merges them either way.
+    extra = {"capability_files": list(conf.capability_files)} if conf.capability_files else {}
+    capability = pm.query_capability(framework, model, calib, {**options, **extra})
     if profile is not None and profile.capability_file is not None:
         from .plan.capability_loader import load_capability
 
         spec = load_capability(profile.capability_file, framework, capability.framework_version)
         capability = spec.build(list(capability.opwise), capability.framework_version)
+    capability = merge_capability_files(capability, conf.capability_files)
     return build_tuning_space(
         capability, conf, has_calib_data=calib is not None, extra_options=options
     )
@@ -187,21 +199,37 @@ def fit(
             hint="pass eval_func=... or eval_dataloader=... (or use lpq.quantize for one "
             "configuration without tuning)",
         )
+    if isinstance(eval_metric, str):
+        pm.load()
+        pm.metrics.get_or_raise(eval_metric)  # a typo fails now, not after the fp32 pass
     framework = conf.framework or pm.detect_framework(model)
+    # The space first: a config mistake must not wait for a long fp32 pass.
+    space = _tuning_space(pm, conf, framework, model, calib)
+    if not space.tunable_ops and not space.forced:
+        raise TuningError(
+            f"the {framework} adaptor found nothing to quantize in this model",
+            hint=f"`lpq capability show {framework}` lists the op types it can quantize",
+        )
 
     # Evaluation: labels from the data, or the fp32 model's outputs as reference.
     metric: Metric | None = None
+    metric_note = ""
     if eval_func is None:
         assert evaluation_data is not None
         first = next(iter(evaluation_data), None)
         if first is None:
             raise ConfigError("the evaluation dataloader is empty", hint="pass non-empty data")
         has_labels = split_batch(first)[1] is not None
-        metric = _resolve_metric(pm, eval_metric, has_labels)
         if not has_labels:
+            logger.info("recording the fp32 model's outputs (the evaluation data has no labels)")
             recorder = OutputRecorder()
-            pm.evaluate(framework, model, evaluation_data, [recorder], iteration=eval_iterations)
+            with reading("evaluation", evaluation_data) as data:
+                pm.evaluate(framework, model, data, [recorder], iteration=eval_iterations)
             evaluation_data = ReferenceLoader(evaluation_data, recorder.outputs)
+            if eval_metric is None and recorder.outputs:
+                eval_metric, metric_note = label_free_metric(recorder.outputs[0])
+                logger.info("no labels: scoring %r; %s", eval_metric, metric_note)
+        metric = _resolve_metric(pm, eval_metric, has_labels)
     higher_is_better = conf.accuracy_criterion.higher_is_better
     if higher_is_better is None:
         higher_is_better = metric.higher_is_better if metric is not None else True
@@ -215,14 +243,8 @@ def fit(
         iteration=eval_iterations,
         latency_dataloader=calib if calib is not None else evaluation_data,
         measure_footprint=criterion.objective == "footprint",
+        latency_data="calibration" if calib is not None else "evaluation",
     )
-
-    space = _tuning_space(pm, conf, framework, model, calib)
-    if not space.tunable_ops and not space.forced:
-        raise TuningError(
-            f"the {framework} adaptor found nothing to quantize in this model",
-            hint=f"`lpq capability show {framework}` lists the op types it can quantize",
-        )
     runner = TrialRunner(
         framework,
         model,
@@ -280,7 +302,16 @@ def fit(
         driver.run(strategy)
     finally:
         executor.close()
-    return _finish(driver, framework, metric, conf, history)
+    result = _finish(driver, framework, metric, conf, history)
+    result.metric_note = metric_note
+    result.latency_batch_size = _first_batch_size(evaluation.latency_dataloader)
+    return result
+
+
+def _first_batch_size(loader: Any) -> int | None:
+    """Samples in the first batch of ``loader`` (latency is measured per such batch)."""
+    first = next(iter(loader), None) if loader is not None else None
+    return batch_size(split_batch(first)[0]) if first is not None else None
 
 
 #: Rounds of fp32, candidate, fp32, candidate, ... latency when the run ends.

@@ -132,10 +132,14 @@ class PostTrainingQuantConfig:
     #: ``latency_aware`` recipe measure it). ``None``: on for ``lpq.quantize``, searched by
     #: ``lpq.fit``; ``True`` / ``False``: fixed.
     latency_aware: bool | None = None
+    #: Extra capability YAML files merged into the adaptor's (e.g. int4 for an op type):
+    #: what they allow becomes more choices for the op types the adaptor reports.
+    capability_files: list[str] = field(default_factory=list)
     accuracy_criterion: AccuracyCriterion = field(default_factory=AccuracyCriterion)
     tuning_criterion: TuningCriterion = field(default_factory=TuningCriterion)
 
     def __post_init__(self) -> None:
+        self.capability_files = [str(file) for file in self.capability_files]
         _choice("approach", self.approach, _APPROACHES)
         _choice("quant_format", self.quant_format, _FORMATS)
         if self.calibration_sampling_size < 1:

@@ -35,10 +35,15 @@ def test_default_prefers_static_and_first_options(capability):
     assert conv.weight.granularity == "per_channel" and conv.activation.dtype == "uint8"
 
 
-def test_auto_without_calibration_data_uses_dynamic_only(capability):
-    cfg = space_for(capability, has_calib_data=False).default()
+def test_dynamic_without_calibration_data_quantizes_what_has_dynamic(capability):
+    cfg = space_for(capability, has_calib_data=False, approach="dynamic").default()
     assert cfg.ops[("fc", "MatMul")].mode == "dynamic"
     assert not cfg.ops[("conv1", "Conv")].quantized  # Conv has no dynamic capability here
+
+
+def test_auto_without_calibration_data_is_an_error_not_dynamic_only(capability):
+    with pytest.raises(lpq.ConfigError, match="'auto' approach tries static quantization"):
+        space_for(capability, has_calib_data=False)
 
 
 def test_string_override_forces_fallback_everywhere(capability):
@@ -76,7 +81,10 @@ def test_op_defaults_are_lenient(capability):
     assert space.default().ops[("conv1", "Conv")].activation.algorithm == "kl"
     # Dynamic MatMul options have no kl: with no calibration data they keep their own.
     dyn = space_for(
-        capability, has_calib_data=False, op_defaults={"activation": {"algorithm": ["kl"]}}
+        capability,
+        has_calib_data=False,
+        approach="dynamic",
+        op_defaults={"activation": {"algorithm": ["kl"]}},
     )
     assert dyn.default().ops[("fc", "MatMul")].activation.algorithm == "minmax"
 

@@ -18,12 +18,6 @@ from .._version import __version__
 from ..errors import LpqError, LpqWarning
 
 
-def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
-
-
 def _version_text() -> str:
     from ..plugins.manager import get_plugin_manager
 
@@ -82,15 +76,15 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
         return
-    from rich.table import Table
+    from .console import make_console, print_table, table
 
-    console = _console()
+    console = make_console()
     if not records:
         console.print("No lpq plugins installed. Try: pip install lpq-onnxrt")
         return
-    table = Table(title="lpq plugins")
-    for column in ("name", "distribution", "version", "status", "framework", "hooks"):
-        table.add_column(column)
+    listing = table(
+        "lpq plugins", ["name", "distribution", "version", "status", "framework", "hooks"]
+    )
     colors = {"ok": "green", "disabled": "dim", "incompatible": "yellow", "error": "red"}
     for record in records:
         frameworks = ", ".join(
@@ -98,7 +92,7 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             for fw in record.frameworks
         )
         status = f"[{colors.get(record.status.value, 'white')}]{record.status.value}[/]"
-        table.add_row(
+        listing.add_row(
             record.name,
             record.distribution,
             record.version,
@@ -106,7 +100,7 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             frameworks or "-",
             _short_hooks(record.hooks),
         )
-    console.print(table)
+    print_table(console, listing)
     if verbose:
         for record in records:
             hooks = ", ".join(h.removeprefix("lpq_") for h in record.hooks) or "none"
@@ -213,16 +207,15 @@ def capability_show(framework: str, framework_version: str | None, as_json: bool
             )
         )
         return
-    from rich.table import Table
+    from .console import make_console, print_table, table
 
-    table = Table(
-        title=f"{framework} capability ({info.framework_distribution} "
-        f"{version or 'not installed'}; block {spec.version_block})"
+    shown = table(
+        f"{framework} capability ({info.framework_distribution} "
+        f"{version or 'not installed'}; block {spec.version_block})",
+        ["op type", "precision", "mode", "weight", "activation", "fallback"],
     )
-    for column in ("op type", "precision", "mode", "weight", "activation", "fallback"):
-        table.add_column(column)
     for row in rows:
-        table.add_row(
+        shown.add_row(
             row["op_type"],
             row["precision"],
             row["mode"],
@@ -230,7 +223,7 @@ def capability_show(framework: str, framework_version: str | None, as_json: bool
             row["activation"],
             ", ".join(row["fallback"]),
         )
-    _console().print(table)
+    print_table(make_console(), shown)
 
 
 def _options_text(options: Any) -> str:

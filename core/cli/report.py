@@ -7,8 +7,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ..diagnose.svg import Chart, dot, robust_range
 from ..fileio import atomic_write
 from ..tuning.records import TrialRecord
+from .console import table
 
 
 def _fmt(value: float | None, spec: str = ".4f", missing: str = "-") -> str:
@@ -17,13 +19,23 @@ def _fmt(value: float | None, spec: str = ".4f", missing: str = "-") -> str:
     return format(value, spec)
 
 
-def trials_table(baseline: TrialRecord, trials: list[TrialRecord], best_index: int) -> Any:
-    from rich.table import Table
+def latency_unit(batch_size: int | None) -> str:
+    """What a latency number means: milliseconds per batch of the latency data."""
+    return f"ms per batch of {batch_size}" if batch_size else "ms per batch"
 
-    table = Table(title="trials")
-    for column in ("#", "stage", "accuracy", "latency ms", "quantized", "fp32", "goal", "time s"):
-        table.add_column(column, justify="right" if column not in ("stage",) else "left")
-    table.add_row(
+
+def trials_table(
+    baseline: TrialRecord,
+    trials: list[TrialRecord],
+    best_index: int,
+    batch_size: int | None = None,
+) -> Any:
+    latency = f"latency ({latency_unit(batch_size)})"
+    columns = ["#", "stage", "accuracy", latency, "quantized", "fp32", "goal", "time s"]
+    result = table(
+        "trials", columns, right=("#", "accuracy", latency, "quantized", "fp32", "time s")
+    )
+    result.add_row(
         "fp32",
         "baseline",
         _fmt(baseline.accuracy),
@@ -36,7 +48,7 @@ def trials_table(baseline: TrialRecord, trials: list[TrialRecord], best_index: i
     for t in trials:
         mark = "[green]yes[/]" if t.meets_goal else ("[red]error[/]" if t.status != "ok" else "no")
         style = "bold" if t.index == best_index else ""
-        table.add_row(
+        result.add_row(
             str(t.index) + (" *" if t.index == best_index else ""),
             t.stage,
             _fmt(t.accuracy),
@@ -47,7 +59,7 @@ def trials_table(baseline: TrialRecord, trials: list[TrialRecord], best_index: i
             _fmt(t.duration_s, ".1f") + (" (resumed)" if t.resumed else ""),
             style=style,
         )
-    return table
+    return result
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -60,17 +72,16 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{_fmt(summary['final_accuracy'])}"
         + (f" (relative loss {loss * 100:.2f}%)" if loss is not None else ""),
     ]
-    if summary.get("latency_speedup"):
-        lines.append(
-            f"latency: {_fmt(summary['baseline_latency_ms'], '.3f')} ms -> "
-            f"{_fmt(summary['final_latency_ms'], '.3f')} ms "
-            + (
-                f"({summary['latency_speedup']:.2f}x faster)"
-                if summary["latency_speedup"] >= 1
-                else f"({1 / summary['latency_speedup']:.2f}x slower)"
-            )
-        )
+    if summary.get("metric_note"):
+        lines.append(f"  ({summary['metric']}: {summary['metric_note']})")
     speedup = summary.get("latency_speedup")
+    if speedup:
+        lines.append(
+            f"latency ({latency_unit(summary.get('latency_batch_size'))}): "
+            f"{_fmt(summary['baseline_latency_ms'], '.3f')} -> "
+            f"{_fmt(summary['final_latency_ms'], '.3f')} "
+            + (f"({speedup:.2f}x faster)" if speedup >= 1 else f"({1 / speedup:.2f}x slower)")
+        )
     if speedup is not None and speedup < 1.0:
         lines.append(
             f"[yellow]warning[/]: the chosen model is {1 / speedup:.2f}x slower than fp32 here; "
@@ -89,45 +100,82 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_plot(path: Path, baseline: TrialRecord, trials: list[TrialRecord], best: int) -> bool:
-    """An SVG scatter of accuracy against latency over the trials (no plotting library)."""
+#: Point colours of the accuracy/latency plot; every one has a legend entry.
+COLOURS = {"fp32": "#000", "chosen": "#2a2", "meets": "#48c", "misses": "#c84"}
+
+
+def write_plot(
+    path: Path,
+    baseline: TrialRecord,
+    trials: list[TrialRecord],
+    best: int,
+    *,
+    goal: float | None = None,
+    batch_size: int | None = None,
+) -> bool:
+    """An SVG scatter of accuracy against latency over the trials.
+
+    Both axes have ticks; the accuracy the goal needs is a dashed line; every colour is in
+    the legend. The scale follows the bulk of the trials, always including fp32, the chosen
+    trial and the goal: a far-off trial is drawn at the edge as a hollow triangle, with its
+    real values in its tooltip.
+    """
     points = [t for t in trials if t.status == "ok" and t.latency_ms and not math.isnan(t.accuracy)]
     if not points or not baseline.latency_ms:
         return False
-    xs = [t.latency_ms or 0.0 for t in points] + [baseline.latency_ms]
-    ys = [t.accuracy for t in points] + [baseline.accuracy]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    w, h, pad = 480, 320, 50
-
-    def sx(v: float) -> float:
-        return pad + (v - x0) / ((x1 - x0) or 1) * (w - 2 * pad)
-
-    def sy(v: float) -> float:
-        return h - pad - (v - y0) / ((y1 - y0) or 1) * (h - 2 * pad)
-
-    dots = [
-        f'<circle cx="{sx(t.latency_ms or 0):.1f}" cy="{sy(t.accuracy):.1f}" r="5" '
-        f'fill="{"#2a2" if t.index == best else ("#48c" if t.meets_goal else "#c84")}">'
-        f"<title>trial {t.index} {escape(t.stage)}</title></circle>"
-        for t in points
-    ]
-    dots.append(
-        f'<rect x="{sx(baseline.latency_ms) - 5:.1f}" y="{sy(baseline.accuracy) - 5:.1f}"'
-        ' width="10" height="10" fill="#000"><title>fp32</title></rect>'
+    chosen = [t for t in points if t.index == best]
+    keep_x = [baseline.latency_ms] + [t.latency_ms or 0.0 for t in chosen]
+    keep_y = (
+        [baseline.accuracy] + [t.accuracy for t in chosen] + ([goal] if goal is not None else [])
     )
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        'font-family="sans-serif" font-size="12">'
-        f'<rect width="{w}" height="{h}" fill="white"/>'
-        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#000"/>'
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#000"/>'
-        f'<text x="{w / 2}" y="{h - 15}" text-anchor="middle">latency (ms): '
-        f"{x0:.3f} .. {x1:.3f}</text>"
-        f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">'
-        f"accuracy: {y0:.4f} .. {y1:.4f}</text>"
-        f'<text x="{w / 2}" y="20" text-anchor="middle">accuracy vs latency '
-        "(black: fp32, green: chosen, blue: meets goal)</text>" + "".join(dots) + "</svg>\n"
+    chart = Chart(
+        x_range=robust_range([t.latency_ms or 0.0 for t in points], keep_x),
+        y_range=robust_range([t.accuracy for t in points], keep_y),
     )
+    chart.axes(f"latency ({latency_unit(batch_size)})", "accuracy")
+    used = {"fp32"}
+    clamped_any = False
+    for t in points:
+        kind = "chosen" if t.index == best else ("meets" if t.meets_goal else "misses")
+        used.add(kind)
+        x, cx = chart.clamp_x(t.latency_ms or 0.0)
+        y, cy = chart.clamp_y(t.accuracy)
+        clamped_any |= cx or cy
+        tip = (
+            f"trial {t.index} {escape(t.stage)}: accuracy {t.accuracy:.4f}, "
+            f"latency {t.latency_ms:.3f} ms" + (" (off the scale)" if cx or cy else "")
+        )
+        marker = dot(COLOURS[kind], "triangle" if cx or cy else "circle")
+        chart.elements.append(
+            f'<g class="point {kind}" transform="translate({x:.1f},{y:.1f})">{marker}'
+            f"<title>{tip}</title></g>"
+        )
+    bx, by = chart.sx(baseline.latency_ms), chart.sy(baseline.accuracy)
+    chart.elements.append(
+        f'<g class="point fp32" transform="translate({bx:.1f},{by:.1f})">'
+        f"{dot(COLOURS['fp32'], 'square')}"
+        f"<title>fp32: accuracy {baseline.accuracy:.4f}, latency {baseline.latency_ms:.3f} ms"
+        "</title></g>"
+    )
+    if goal is not None:
+        gy = chart.sy(goal)
+        chart.elements.append(
+            f'<line class="goal" x1="{chart.left}" y1="{gy:.1f}" '
+            f'x2="{chart.left + chart.plot_width:.1f}" y2="{gy:.1f}" stroke="#a00" '
+            f'stroke-dasharray="6 4"><title>accuracy goal {goal:.4f}</title></line>'
+        )
+    labels = {
+        "fp32": ("square", "fp32 baseline"),
+        "chosen": ("circle", "chosen"),
+        "meets": ("circle", "meets the goal"),
+        "misses": ("circle", "misses the goal"),
+    }
+    entries = [(dot(COLOURS[k], labels[k][0]), labels[k][1]) for k in COLOURS if k in used]
+    if goal is not None:
+        entries.append((dot("#a00", "dash"), f"goal: accuracy {goal:.4f}"))
+    if clamped_any:
+        entries.append((dot("#555", "triangle"), "off the scale (edge)"))
+    chart.legend(entries)
     with atomic_write(path) as handle:
-        handle.write(svg)
+        handle.write(chart.svg("accuracy vs latency over the trials"))
     return True

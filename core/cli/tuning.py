@@ -1,18 +1,39 @@
 """`lpq quantize` (one configuration) and `lpq tune` (accuracy-aware search).
 
 CLI data are ``.npz`` files: one array per model input name (or a single array for a
-single-input model) and an optional ``labels`` array. Without labels, `lpq tune` scores
-agreement with the fp32 model's outputs.
+single-input model) and an optional ``labels`` array. Without labels, `lpq tune` compares
+with the fp32 model's outputs (top-1 agreement for class scores, else cosine similarity)
+and says which it chose.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ..errors import ConfigError
+
+_CALIB_HELP = (
+    "Calibration data (.npz, one array per model input). Required for the static and auto "
+    "approaches; dynamic and weight_only need none."
+)
+_OUT_HELP = (
+    "Where to write the quantized model [default: MODEL-quantized.SUFFIX in the current "
+    "folder, SUFFIX the adaptor's model suffix, e.g. model-quantized.onnx]."
+)
+_METRIC_HELP = (
+    "How accuracy is scored. With labels in --eval: top1 / accuracy (a class index per "
+    "sample, or per position of a sequence output), top5, f1 (macro F1), mse (labels are "
+    "target values; lower is better), cosine (mean cosine similarity with the targets). "
+    "Without labels, against the fp32 model's outputs: agreement (share of top-1 classes "
+    "that match; chosen for class-score outputs of any shape), cosine (chosen otherwise) or "
+    "mse. Plugins may register more (`lpq plugins list -v`). [default: top1 with labels, "
+    "chosen as above without]"
+)
 
 _QUANT_OPTIONS = [
     click.option("--framework", help="Adaptor to use (default: detected from the model)."),
@@ -21,7 +42,10 @@ _QUANT_OPTIONS = [
         type=click.Choice(["auto", "static", "dynamic", "weight_only"]),
         default="auto",
         show_default=True,
-        help="Quantization approach.",
+        help="static: int8 activations with ranges calibrated on --calib (required); "
+        "dynamic: activation ranges computed at run time, no --calib needed; weight_only: "
+        "low-bit weights only (e.g. int4), no --calib needed for round-to-nearest; auto: "
+        "static and dynamic where the adaptor offers them (needs --calib).",
     ),
     click.option(
         "--format",
@@ -47,18 +71,27 @@ _QUANT_OPTIONS = [
     ),
     click.option("--backend", help="Backend profile name (see the adaptor's docs)."),
     click.option(
+        "--capability",
+        "capability_files",
+        multiple=True,
+        type=click.Path(dir_okay=False),
+        help="Extra capability YAML merged into the adaptor's (e.g. int4 for an op type; "
+        "repeat for several files). See docs/adding-a-data-type.md.",
+    ),
+    click.option(
         "--calib-size",
         type=click.IntRange(min=1),
         default=100,
         show_default=True,
-        help="Calibration samples to use.",
+        help="Calibration samples to read from --calib.",
     ),
     click.option(
         "--batch-size",
         type=click.IntRange(min=1),
         default=32,
         show_default=True,
-        help="Batch size for reading .npz data.",
+        help="Batch size for reading .npz data; latency is reported per batch of this many "
+        "samples.",
     ),
 ]
 
@@ -98,6 +131,7 @@ def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) 
         op_defaults=defaults,
         backend=kw.get("backend"),
         framework=kw.get("framework"),
+        capability_files=list(kw.get("capability_files") or ()),
         **extra,
     )
 
@@ -117,17 +151,20 @@ def _default_out(framework: str, stem: str) -> Path:
 
 @click.command("quantize")
 @click.argument("model")
-@click.option("--calib", type=click.Path(dir_okay=False), help="Calibration data (.npz).")
-@click.option("--out", type=click.Path(), help="Where to write the quantized model.")
+@click.option("--calib", type=click.Path(dir_okay=False), help=_CALIB_HELP)
+@click.option("--out", type=click.Path(), help=_OUT_HELP)
 @_with_options(_QUANT_OPTIONS)
 def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) -> None:
-    """Quantize MODEL with one configuration (the adaptor's defaults plus your options)."""
-    from rich.console import Console
+    """Quantize MODEL with one configuration (the adaptor's defaults plus your options).
 
+    No accuracy check: `lpq tune` does that. Static and auto need --calib; an approach that
+    cannot quantize anything here is an error, never an unquantized file.
+    """
     from ..api import quantize
     from ..eval.data import load_npz
+    from .console import make_console
 
-    console = Console(highlight=False)
+    console = make_console()
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
     result = quantize(_model_arg(model), _build_config(kw), calib_data)
     target = Path(out) if out else _default_out(result.framework, Path(model).stem)
@@ -145,39 +182,53 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
 @click.command("tune")
 @click.argument("model", required=False)
 @click.option("--example", help="Run a built-in example instead of MODEL (e.g. digits).")
-@click.option("--calib", type=click.Path(dir_okay=False), help="Calibration data (.npz).")
+@click.option("--calib", type=click.Path(dir_okay=False), help=_CALIB_HELP)
 @click.option(
     "--eval",
     "eval_data",
     type=click.Path(dir_okay=False),
-    help="Evaluation data (.npz, with a 'labels' array or compared with fp32).",
+    help="Evaluation data (.npz), always required: accuracy is measured on it, against its "
+    "'labels' array or, without one, against the fp32 model's outputs.",
 )
-@click.option(
-    "--metric",
-    help="Metric: top1, top5, f1, mse, cosine, agreement ... "
-    "(default: top1 with labels, agreement without).",
-)
+@click.option("--metric", help=_METRIC_HELP)
 @click.option(
     "--tolerable-loss",
     type=float,
     default=0.01,
     show_default=True,
-    help="Accuracy loss allowed (relative: 0.01 = 1%).",
+    help="Accuracy loss allowed against fp32: relative (0.01 = 1% of the fp32 score, below "
+    "1), or in the metric's own units with --absolute.",
 )
 @click.option("--absolute", is_flag=True, help="Tolerable loss is absolute, in metric units.")
 @click.option(
     "--strategy",
     default="auto",
     show_default=True,
-    help="auto, basic, conservative, mse, exhaustive, random, or a plugin's.",
+    help="auto, basic, conservative, mse, exhaustive, random, or a plugin's "
+    "(docs/tuning.md compares them).",
 )
-@click.option("--max-trials", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0), default=0, help="Seconds (0: none).")
+@click.option(
+    "--max-trials",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most trials to run; a trial quantizes and evaluates one configuration. Re-running "
+    "with a larger value continues the same run.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0,
+    help="Stop proposing trials after this many seconds (0: no limit).",
+)
 @click.option(
     "--objective",
     type=click.Choice(["performance", "modelsize", "footprint"]),
     default="performance",
     show_default=True,
+    help="What 'best' means among configs that meet the accuracy goal: performance = lowest "
+    "latency (a candidate slower than fp32 never meets the goal), modelsize = smallest "
+    "saved model, footprint = lowest peak memory while evaluating.",
 )
 @click.option(
     "--exit-policy",
@@ -191,9 +242,16 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     type=click.Path(file_okay=False),
     default="lpq-workspace",
     show_default=True,
-    help="History folder; re-running resumes from it.",
+    help="History folder; re-running the same command resumes from it.",
 )
-@click.option("--seed", type=int, default=1978, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=1978,
+    show_default=True,
+    help="Seed of the strategy's random choices: the same seed proposes the same trials, "
+    "which is what lets a re-run resume.",
+)
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -214,7 +272,7 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     help="Join a running Ray cluster (e.g. ray://head:10001); implies --executor ray. "
     "Without it, --executor ray starts a local Ray on 127.0.0.1.",
 )
-@click.option("--out", type=click.Path(), help="Where to write the chosen quantized model.")
+@click.option("--out", type=click.Path(), help=_OUT_HELP)
 @_with_options(_QUANT_OPTIONS)
 def tune_command(
     model: str | None,
@@ -237,7 +295,12 @@ def tune_command(
     out: str | None,
     **kw: Any,
 ) -> None:
-    """Find the fastest quantized MODEL whose accuracy stays within the tolerable loss."""
+    """Find the fastest quantized MODEL whose accuracy stays within the tolerable loss.
+
+    Needs --eval (accuracy is measured on it) and, for the static and auto approaches,
+    --calib. Writes the chosen model (--out), and history.json, summary.json and an
+    accuracy-vs-latency plot into the workspace. Ctrl-C stops; re-running resumes.
+    """
     from ..config import AccuracyCriterion, TuningCriterion
     from ..eval.data import load_npz
     from ..plugins.manager import get_plugin_manager
@@ -261,6 +324,11 @@ def tune_command(
         raise ConfigError(
             "lpq tune needs --eval DATA to measure accuracy",
             hint="use `lpq quantize` for one configuration without tuning",
+        )
+    if not absolute and tolerable_loss >= 1:
+        raise ConfigError(
+            f"a relative tolerable loss must be below 1 (100%), not {tolerable_loss:g}",
+            hint="0.01 means 1%; add --absolute for a loss in the metric's own units",
         )
     config = _build_config(
         kw,
@@ -293,38 +361,23 @@ def _run_tuning(
     workspace: str,
     out: str | None,
 ) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from ..api import fit
     from ..fileio import write_json
+    from .console import make_console, print_table, run_progress
     from .report import summary_lines, trials_table, write_plot
 
-    console = Console(highlight=False)
+    console = make_console()
     console.print(
         f"[bold]lpq tune[/] {model} (strategy {config.tuning_criterion.strategy}, "
         f"tolerable loss {config.accuracy_criterion.tolerable_loss:g} "
         f"{config.accuracy_criterion.criterion})"
     )
-    progress = Progress(
-        TextColumn("trials"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=True,
-    )
-
-    with progress:
-        task = progress.add_task("", total=config.tuning_criterion.max_trials)
+    started = time.time()
+    with run_progress(console, config.tuning_criterion.max_trials) as advance:
 
         def on_trial(record: Any) -> None:
             status = "meets goal" if record.meets_goal else (record.error or "misses goal")
-            progress.update(
-                task,
-                advance=1,
-                description=f"#{record.index} {record.stage}: {record.accuracy:.4f} ({status})",
-            )
+            advance(f"#{record.index} {record.stage}: {record.accuracy:.4f} ({status})")
             console.print(
                 f"  trial {record.index:>2} {record.stage:<28} accuracy "
                 f"{record.accuracy:.4f}  {'goal met' if record.meets_goal else ''}"
@@ -342,20 +395,25 @@ def _run_tuning(
                 on_trial=on_trial,
             )
         except KeyboardInterrupt:
-            console.print(
-                "[yellow]interrupted[/]: finished trials are saved in "
-                f"{workspace}; run the same command again to resume"
-            )
+            console.print(f"[yellow]interrupted[/]: {_saved_history(workspace, started)}")
             raise SystemExit(130) from None
 
-    console.print(trials_table(result.baseline, result.trials, result.best.index))
+    print_table(
+        console,
+        trials_table(result.baseline, result.trials, result.best.index, result.latency_batch_size),
+    )
     target = Path(out) if out else _default_out(result.framework, Path(model).stem)
     written = result.save(target)
     summary = {**result.summary(), "model": str(written), "tune_cfg": result.tune_cfg.to_json()}
     folder = result.history_path.parent if result.history_path else Path(workspace)
     write_json(folder / "summary.json", summary)
     plotted = write_plot(
-        folder / "accuracy_vs_latency.svg", result.baseline, result.trials, result.best.index
+        folder / "accuracy_vs_latency.svg",
+        result.baseline,
+        result.trials,
+        result.best.index,
+        goal=_goal_accuracy(config, result.baseline.accuracy, result.higher_is_better),
+        batch_size=result.latency_batch_size,
     )
     for line in summary_lines(summary):
         console.print(line)
@@ -364,3 +422,27 @@ def _run_tuning(
         f"summary: {folder / 'summary.json'}"
         + (f"; plot: {folder / 'accuracy_vs_latency.svg'}" if plotted else "")
     )
+
+
+def _goal_accuracy(config: Any, baseline: float, higher_is_better: bool) -> float:
+    """The accuracy a candidate needs to meet the goal (the plot's goal line)."""
+    criterion = config.accuracy_criterion
+    margin = criterion.tolerable_loss * (abs(baseline) if criterion.criterion == "relative" else 1)
+    return baseline - margin if higher_is_better else baseline + margin
+
+
+def _saved_history(workspace: str, started: float) -> str:
+    """What an interrupted run left behind: say trials are saved only where they are."""
+    for history in sorted(Path(workspace).glob("*/history.json")):
+        if history.stat().st_mtime < started:
+            continue
+        try:
+            trials = len(json.loads(history.read_text()).get("trials", []))
+        except (OSError, ValueError):
+            continue
+        if trials:
+            return (
+                f"{trials} finished trial(s) are saved in {history}; run the same command "
+                "again to resume"
+            )
+    return "no trial had finished, so nothing was saved; run the same command again to start"

@@ -61,7 +61,10 @@ class ArrayLoader:
     """A re-iterable dataloader over in-memory arrays, batching along the first axis.
 
     ``inputs`` is one array or a dict of input name to array; ``labels`` is optional.
+    ``source`` names the file it was read from (for messages).
     """
+
+    source: str | None = None
 
     def __init__(
         self,
@@ -156,7 +159,9 @@ def load_npz(path: str | os.PathLike[str], batch_size: int = 32) -> ArrayLoader:
     if not arrays:
         raise DataError(f"{file} holds no input arrays", hint="add one array per model input")
     inputs: Any = next(iter(arrays.values())) if len(arrays) == 1 else arrays
-    return ArrayLoader(inputs, labels, batch_size=batch_size)
+    loader = ArrayLoader(inputs, labels, batch_size=batch_size)
+    loader.source = str(file)
+    return loader
 
 
 def as_dataloader(data: Any) -> Any:

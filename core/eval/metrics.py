@@ -24,11 +24,37 @@ def _first(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def _class_indices(labels: Any, preds: np.ndarray) -> np.ndarray:
-    labels = _first(labels)
-    if labels.shape == preds.shape and preds.ndim > 1:
-        return labels.argmax(axis=-1).reshape(-1)
-    return labels.reshape(-1).astype(np.int64)
+def _scores_and_targets(preds: Any, labels: Any, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Class scores ``(positions, classes)`` and one class index per position.
+
+    A classifier's output ``(N, C)`` with labels ``(N,)`` has N positions; a sequence
+    model's ``(N, T, C)`` with labels ``(N, T)``, or with reference outputs of its own
+    shape, has N*T. Outputs like ``(N, C, 1, 1)`` with labels ``(N,)`` are one position
+    per sample. Reference outputs (the fp32 model's, or one-hot labels) give their argmax.
+    """
+    scores, target = _first(preds), _first(labels)
+    if scores.ndim == 0 or (scores.ndim == 1 and target.shape != scores.shape):
+        raise DataError(
+            f"{metric}: the model's output has shape {scores.shape}: no class scores to rank",
+            hint="use the 'cosine' or 'mse' metric for outputs that are not class scores",
+        )
+    if target.ndim == 1 and scores.ndim > 1 and len(target) == len(scores):
+        return scores.reshape(len(scores), -1), target.astype(np.int64)
+    if target.shape == scores.shape:
+        if scores.ndim == 1:  # one score per sample: nothing to rank
+            raise DataError(
+                f"{metric}: the model's output has shape {scores.shape}: no class scores to rank",
+                hint="use the 'cosine' or 'mse' metric for outputs that are not class scores",
+            )
+        target = target.argmax(axis=-1)
+    if target.shape != scores.shape[:-1]:
+        raise DataError(
+            f"{metric}: the model's output has shape {scores.shape} but the labels have shape "
+            f"{target.shape}",
+            hint="give one class index per sample (or per position of a sequence output), "
+            "or labels shaped like the output",
+        )
+    return scores.reshape(-1, scores.shape[-1]), target.reshape(-1).astype(np.int64)
 
 
 def _require_labels(metric: str, labels: Any) -> None:
@@ -56,13 +82,7 @@ class TopK:
 
     def update(self, preds: Any, labels: Any) -> None:
         _require_labels(self.name, labels)
-        scores = _first(preds).reshape(len(_first(preds)), -1)
-        target = _class_indices(labels, scores)
-        if len(target) != len(scores):
-            raise DataError(
-                f"{len(scores)} predictions but {len(target)} labels in a batch",
-                hint="give one label per sample",
-            )
+        scores, target = _scores_and_targets(preds, labels, self.name)
         top = np.argsort(-scores, axis=1)[:, : self.k]
         self.correct += int((top == target[:, None]).any(axis=1).sum())
         self.total += len(target)
@@ -72,7 +92,10 @@ class TopK:
 
 
 class Agreement(TopK):
-    """Top-1 agreement with reference outputs (the fp32 model's, when there are no labels)."""
+    """Top-1 agreement with reference outputs (the fp32 model's, when there are no labels):
+    the fraction of positions whose highest-scoring class (argmax of the last axis) is the
+    reference's. One position per sample for a classifier, one per time step or pixel for
+    ``(N, T, C)`` or ``(N, H, W, C)`` outputs."""
 
     def __init__(self) -> None:
         super().__init__(k=1)
@@ -105,7 +128,11 @@ class MSE:
 
 
 class CosineSimilarity:
-    """Mean per-sample cosine similarity between predictions and targets."""
+    """Mean per-sample cosine similarity between predictions and targets.
+
+    For outputs of one value per sample (``(N,)`` or ``(N, 1)``), where a per-sample cosine
+    would only compare signs, each batch's values form the vector, weighted by its size.
+    """
 
     name = "cosine"
     higher_is_better = True
@@ -122,10 +149,15 @@ class CosineSimilarity:
         p = _first(preds).astype(np.float64)
         p = p.reshape(len(p), -1)
         t = _first(labels).astype(np.float64).reshape(p.shape)
+        if p.shape[1] == 1:
+            p, t = p.reshape(1, -1), t.reshape(1, -1)
+            weight = p.shape[1]
+        else:
+            weight = 1
         denom = np.linalg.norm(p, axis=1) * np.linalg.norm(t, axis=1)
         sims = np.where(denom > 0, (p * t).sum(axis=1) / np.maximum(denom, 1e-30), 1.0)
-        self.sum += float(sims.sum())
-        self.count += len(sims)
+        self.sum += float(sims.sum()) * weight
+        self.count += len(sims) * weight
 
     def result(self) -> float:
         return self.sum / self.count if self.count else 0.0
@@ -153,7 +185,7 @@ class F1:
         else:
             predicted = scores.argmax(axis=1)
         self.preds.append(predicted)
-        self.labels.append(_class_indices(labels, scores))
+        self.labels.append(_scores_and_targets(scores, labels, self.name)[1])
 
     def result(self) -> float:
         if not self.preds:
@@ -169,6 +201,27 @@ class F1:
             fn = float(((pred != cls) & (true == cls)).sum())
             scores.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
         return float(np.mean(scores))
+
+
+def label_free_metric(reference: Any) -> tuple[str, str]:
+    """The metric to compare a model with reference outputs when the data has no labels,
+    chosen from the first reference output, and why (said to the user).
+
+    Class scores on the last axis (at least 2-D, two or more classes) get per-position
+    top-1 agreement; anything else (a regression value, an embedding of shape ``(N,)``)
+    gets cosine similarity, which works for any shape.
+    """
+    output = _first(reference)
+    if output.ndim >= 2 and output.shape[-1] >= 2:
+        positions = "" if output.ndim == 2 else " at every position"
+        return "agreement", (
+            f"the output {tuple(output.shape)} looks like class scores: accuracy is the share "
+            f"of samples{positions} whose top class matches the fp32 model's"
+        )
+    return "cosine", (
+        f"the output {tuple(output.shape)} holds no class scores: accuracy is the cosine "
+        "similarity with the fp32 model's outputs"
+    )
 
 
 BUILTIN_METRICS = {

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ..cache import using_run_cache
 from ..errors import DataError, LpqError, TuningError
 from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
+from ..eval.watch import reading
 from ..plan.tune_config import TuneConfig
 from ..plugins.manager import get_plugin_manager
 from .records import TrialRecord
@@ -102,6 +103,8 @@ class Evaluation:
     latency_warmup: int = 2
     latency_repeats: int = 10
     measure_footprint: bool = False
+    #: Which of the user's data sets ``latency_dataloader`` is (named in data errors).
+    latency_data: str = "calibration"
 
     def accuracy(self, model: Any) -> tuple[float, int | None]:
         """Return (accuracy, peak RSS in bytes or None)."""
@@ -110,14 +113,15 @@ class Evaluation:
             accuracy = self._call_eval_func(model)
         else:
             assert self.dataloader is not None and self.metric is not None
-            result = get_plugin_manager().evaluate(
-                self.framework,
-                model,
-                self.dataloader,
-                [self.metric],
-                postprocess=self.postprocess,
-                iteration=self.iteration,
-            )
+            with reading("evaluation", self.dataloader) as data:
+                result = get_plugin_manager().evaluate(
+                    self.framework,
+                    model,
+                    data,
+                    [self.metric],
+                    postprocess=self.postprocess,
+                    iteration=self.iteration,
+                )
             accuracy = result.metrics[self.metric.name]
         return accuracy, peak_rss() if self.measure_footprint else None
 
@@ -146,13 +150,14 @@ class Evaluation:
         if self.latency_dataloader is None:
             return None
         measurer = LatencyMeasurer(warmup=self.latency_warmup)
-        get_plugin_manager().evaluate(
-            self.framework,
-            model,
-            _Cycle(self.latency_dataloader, self.latency_warmup + self.latency_repeats),
-            [],
-            measurer=measurer,
-        )
+        with reading(self.latency_data, self.latency_dataloader) as data:
+            get_plugin_manager().evaluate(
+                self.framework,
+                model,
+                _Cycle(data, self.latency_warmup + self.latency_repeats),
+                [],
+                measurer=measurer,
+            )
         return measurer.median_ms
 
 
@@ -253,9 +258,10 @@ class TrialRunner:
             return self._quantize(cfg)
 
     def _quantize(self, cfg: TuneConfig) -> Any:
-        return get_plugin_manager().quantize(
-            self.framework, self.model, cfg, self.calib_dataloader, self.train_func
-        )
+        with reading("calibration", self.calib_dataloader, cfg.calib_sampling_size) as data:
+            return get_plugin_manager().quantize(
+                self.framework, self.model, cfg, data, self.train_func
+            )
 
     def run(self, spec: TrialSpec, gate: CoreGate | None = None) -> tuple[TrialRecord, Any]:
         """Quantize and evaluate; errors in the candidate become an ``error`` record.

@@ -1,0 +1,1 @@
+"""Diagnosis: where a quantized model loses accuracy, op by op."""
