@@ -1,4 +1,9 @@
-"""Tuning end to end: ``lpq tune`` on an exported model, and ``lpq.fit`` on a block."""
+"""Tuning end to end: ``lpq tune`` on an exported model, and ``lpq.fit`` on a block.
+
+Both use the ``modelsize`` objective: with ``performance`` a candidate that times slower
+than fp32 misses the goal, and this sub-millisecond model's timings on a busy CI machine
+would make that verdict, not the adaptor, decide the test.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ def test_cli_tunes_an_exported_model(
     code = main(
         ["tune", str(symbol), "--calib", str(tmp_path / "calib.npz"),
          "--eval", str(tmp_path / "eval.npz"), "--metric", "top1", "--tolerable-loss", "0.01",
-         "--workspace", str(tmp_path / "ws"), "--out", str(out), "--max-trials", "5"]
+         "--workspace", str(tmp_path / "ws"), "--out", str(out), "--max-trials", "5",
+         "--objective", "modelsize"]
     )  # fmt: skip
     assert code == 0
     summaries = list((tmp_path / "ws").rglob("summary.json"))
@@ -46,7 +52,7 @@ def test_fit_tunes_a_gluon_block(
     conf = lpq.PostTrainingQuantConfig(
         calibration_sampling_size=200,
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=5),
+        tuning_criterion=lpq.TuningCriterion(max_trials=5, objective="modelsize"),
     )
     result = lpq.fit(
         digits_cnn,
