@@ -255,6 +255,7 @@ def fit(
     )
     executor = create_executor(criterion.executor, criterion.workers, criterion.executor_options)
     try:
+        logger.info("evaluating the fp32 model: accuracy, then latency")
         baseline = runner.baseline()  # in the driver, before any worker exists: idle cores
         logger.info(
             "fp32 baseline: %s = %.4f", metric.name if metric else "accuracy", baseline.accuracy

@@ -83,7 +83,9 @@ def test_missing_labels_are_a_data_error(metric):
 
 
 def test_label_count_mismatch_is_a_data_error():
-    with pytest.raises(lpq.DataError, match=r"output has shape \(3, 4\) but the labels have shape \(2,\)"):
+    with pytest.raises(
+        lpq.DataError, match=r"output has shape \(3, 4\) but the labels have shape \(2,\)"
+    ):
         TopK(1).update(np.zeros((3, 4)), np.array([0, 1]))
     with pytest.raises(lpq.DataError, match="predictions have 3 values, targets 2"):
         MSE().update(np.zeros(3), np.zeros(2))

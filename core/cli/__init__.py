@@ -163,7 +163,7 @@ def capability_validate(files: tuple[str, ...]) -> None:
         else:
             click.echo(f"ok   {file} ({blocks} version block{'s' if blocks != 1 else ''})")
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(2)  # like every user error
 
 
 @capability.command("show")

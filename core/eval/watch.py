@@ -70,10 +70,10 @@ class Watched:
     def __iter__(self) -> Iterator[Any]:
         expected, done = self._expected(), 0
         self.listener(self.stage, 0, expected)
-        for item in self.loader:
-            yield item
+        for item in self.loader:  # counted when handed over: a reader may stop after it
             done += batch_size(split_batch(item)[0])
             self.listener(self.stage, done, expected)
+            yield item
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -85,14 +85,20 @@ class Watched:
 
 
 @contextmanager
-def reading(stage: str, loader: Any, limit: int | None = None) -> Iterator[Any]:
-    """Hand ``loader`` (the ``stage`` data: "calibration", "evaluation") to an adaptor."""
+def reading(
+    stage: str, loader: Any, limit: int | None = None, *, task: str | None = None
+) -> Iterator[Any]:
+    """Hand ``loader`` (the ``stage`` data: "calibration", "evaluation") to an adaptor.
+
+    ``limit``: samples the adaptor should read at most; ``task``: what the pass is for, when
+    that is not the data set's own purpose (e.g. "latency" on the calibration data).
+    """
     listener = _listener
     try:
         if loader is None or listener is None:
             yield loader
         else:
-            yield Watched(loader, stage, listener, limit)
+            yield Watched(loader, task or stage, listener, limit)
     except DataError as exc:
         if exc.message.startswith(f"the {stage} data"):
             raise

@@ -132,18 +132,25 @@ def _read_blocks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             ),
             hint="start each block with '- version:'; see docs/capability-yaml.md",
         )
-    errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.path), list(e.path)))
-    if errors:
-        # The deepest error is usually the precise one (e.g. a bad enum value).
-        best = max(errors, key=lambda e: len(e.path))
-        error_path: JsonPath = _refine_path(data, tuple(best.absolute_path), best)
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    problems = _schema_problems(data, source, lines)
+    if problems:
+        others = "".join(f"\n  also: {problem}" for problem in problems[1:])
         raise CapabilityError(
-            _error(source, lines, error_path, _describe(best)) + more,
+            problems[0] + others,
             hint="see docs/capability-yaml.md for the allowed fields and values",
         )
     _check_semantics(data, source, lines)
     return data
+
+
+def _schema_problems(data: Any, source: str, lines: Mapping[JsonPath, int]) -> list[str]:
+    """Every schema violation as ``file:line: at $.path: what``, in file order."""
+    found: dict[tuple[int, JsonPath], str] = {}
+    for error in _validator().iter_errors(data):
+        path: JsonPath = _refine_path(data, tuple(error.absolute_path), error)
+        key = (_line_of(lines, path) or 0, path)
+        found.setdefault(key, _error(source, lines, path, _describe(error)))
+    return [found[key] for key in sorted(found, key=lambda k: (k[0], len(k[1])))]
 
 
 def _refine_path(data: Any, path: JsonPath, error: Any) -> JsonPath:

@@ -132,25 +132,29 @@ class Evaluation:
         except LpqError:
             raise
         except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
             raise TuningError(
-                f"the eval function raised {type(exc).__name__}: {exc}",
-                hint="fix the eval function (the full traceback is in the trial's record)",
+                f"the eval function raised {type(exc).__name__}: {exc} "
+                f"(at {where.filename}:{where.lineno})",
+                hint="fix the eval function",
             ) from exc
-        if isinstance(value, bool) or (
-            not isinstance(value, int | float) and not hasattr(value, "__float__")
-        ):
-            raise TuningError(
-                f"the eval function returned {type(value).__name__} ({value!r}), not a number",
-                hint="eval_func(model) must return the model's accuracy as a float",
-            )
-        return float(value)
+        not_a_number = TuningError(
+            f"the eval function returned {type(value).__name__} ({value!r:.80}), not a number",
+            hint="eval_func(model) must return the model's accuracy as a float",
+        )
+        if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
+            raise not_a_number
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise not_a_number from None
 
     def latency(self, model: Any) -> float | None:
         """Median milliseconds per batch of the latency data, or None without data."""
         if self.latency_dataloader is None:
             return None
         measurer = LatencyMeasurer(warmup=self.latency_warmup)
-        with reading(self.latency_data, self.latency_dataloader) as data:
+        with reading(self.latency_data, self.latency_dataloader, task="latency") as data:
             get_plugin_manager().evaluate(
                 self.framework,
                 model,
