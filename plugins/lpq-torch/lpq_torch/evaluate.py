@@ -44,6 +44,7 @@ from lpq import (
 from . import state
 from .data import CallArgs, call_args, labels_to_numpy, outputs_to_numpy, require_module, run
 from .errors import framework_error, stage
+from .quantize import TUNE_CFG_ATTR
 
 logger = logging.getLogger("lpq.torch")
 
@@ -110,7 +111,7 @@ class Forward:
                 self._fall_back(exc, args)
 
     def _fall_back(self, exc: Exception, args: CallArgs) -> None:
-        run(self.module, args)  # raises DataError if the data is at fault
+        run_eager(self.module, args)  # raises if the model fails without compiling too
         failed = self.mode
         self.level += 1
         self.fn = None
@@ -126,6 +127,15 @@ class Forward:
 def run_model(fn: Callable[..., Any], args: CallArgs) -> Any:
     positional, keywords = args
     return fn(*positional, **keywords)
+
+
+def run_eager(module: torch.nn.Module, args: CallArgs) -> Any:
+    """Run without compiling. The user's fp32 model failing is the data's fault
+    (:class:`lpq.DataError`); a model lpq made failing is lpq's or torch's (stage error)."""
+    if hasattr(module, TUNE_CFG_ATTR):
+        with stage("evaluate", "the quantized model (eager)"):
+            return run_model(module, args)
+    return run(module, args)
 
 
 def forward_for(module: torch.nn.Module) -> Forward:
@@ -149,7 +159,6 @@ def evaluate(
     restore_training = not isinstance(module, torch.fx.GraphModule) and module.training
     if not isinstance(module, torch.fx.GraphModule):
         module.eval()
-    made_by_lpq = hasattr(module, "_lpq_tune_cfg")
     forward = forward_for(module) if measurer is not None else None
     timed: list[CallArgs] = []
 
@@ -164,10 +173,7 @@ def evaluate(
             if len(timed) < TIMED_BATCHES:
                 timed.append(args)
             return forward(args)
-        if made_by_lpq:
-            with stage("evaluate", "the quantized model (eager)"):
-                return run_model(module, args)
-        return run(module, args)
+        return run_eager(module, args)
 
     try:
         with torch.inference_mode():
