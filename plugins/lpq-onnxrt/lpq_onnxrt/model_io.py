@@ -330,7 +330,8 @@ def topological_sort(model: onnx.ModelProto) -> None:
     waiting = [0] * len(nodes)
     users: dict[int, list[int]] = {}
     for index, node in enumerate(nodes):
-        deps = {producer[name] for name in node.input if name in producer}
+        # If/Loop bodies read outer tensors by name (implicit inputs): they count too.
+        deps = {producer[name] for name in _read_names(node) if name in producer}
         deps.discard(index)
         waiting[index] = len(deps)
         for dep in deps:
@@ -349,6 +350,25 @@ def topological_sort(model: onnx.ModelProto) -> None:
         return
     del model.graph.node[:]
     model.graph.node.extend(nodes[index] for index in order)
+
+
+def graph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name nodes of ``graph`` read, subgraph bodies included, plus outputs."""
+    names = {out.name for out in graph.output}
+    for node in graph.node:
+        names |= _read_names(node)
+    return names
+
+
+def _read_names(node: onnx.NodeProto) -> set[str]:
+    """Tensors a node reads: its inputs and, recursively, those its subgraphs read."""
+    names = set(node.input)
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names |= _read_names(inner)
+    return names
 
 
 def flatten_gemm_biases(model: onnx.ModelProto) -> None:

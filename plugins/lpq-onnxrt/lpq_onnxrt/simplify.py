@@ -252,9 +252,10 @@ def _fuse_hardswish(model: onnx.ModelProto) -> int:
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    from .model_io import graph_reads
+
     graph = model.graph
-    used = {name for node in graph.node for name in node.input}
-    used |= {out.name for out in graph.output}
+    used = graph_reads(graph)
     for init in [init for init in graph.initializer if init.name not in used]:
         graph.initializer.remove(init)
     kept = [
