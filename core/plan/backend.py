@@ -29,6 +29,7 @@ from .tune_config import OpKey
 ROUNDINGS = ("half_even", "half_up", "half_away")
 SCALES = ("float", "pow2")
 PLACEMENTS = ("outputs", "inputs")
+BIASES = ("float", "int32", "like_weight")
 GRANULARITIES = ("per_tensor", "per_channel")
 _DTYPE = re.compile(r"^(u?)int(\d+)$")
 
@@ -151,8 +152,10 @@ class QuantScheme:
     (TensorRT, OpenVINO: Q/DQ in front of the ops that have int8 kernels, float
     elsewhere). ``float_ops`` are op types the backend always runs in float.
     ``bias="int32"`` quantizes biases with scale ``input_scale * weight_scale``, as
-    integer-only backends do. ``modes`` are the quantization modes the backend can run
-    (``static``: calibrated ranges baked into the graph).
+    integer-only backends do; ``"like_weight"`` quantizes them per tensor with the weight
+    rules and a scale of their own (Vitis AI's 8-bit fixed-point biases). ``modes`` are
+    the quantization modes the backend can run (``static``: calibrated ranges baked into
+    the graph).
     """
 
     weight: TensorScheme = field(default_factory=lambda: TensorScheme(granularity="per_channel"))
@@ -168,8 +171,11 @@ class QuantScheme:
             raise ConfigError(
                 f"scheme placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}"
             )
-        if self.bias not in ("float", "int32"):
-            raise ConfigError(f"scheme bias {self.bias!r} is not 'float' or 'int32'")
+        if self.bias not in BIASES:
+            raise ConfigError(
+                f"scheme bias {self.bias!r} is not one of {', '.join(BIASES)}",
+                hint="see docs/backends.md for what each means",
+            )
         if self.activation.granularity != "per_tensor":
             raise ConfigError(
                 "activations are quantized per_tensor by every backend lpq knows",

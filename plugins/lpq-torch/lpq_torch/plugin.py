@@ -49,6 +49,13 @@ def lpq_register_adaptors(register: Callable[[AdaptorInfo], None]) -> None:
 
 
 @lpq.hookimpl
+def lpq_register_backend_profiles(register: Callable[[lpq.BackendProfile], None]) -> None:
+    from .backends.profiles import register_all  # plain data: no torch import
+
+    register_all(register)
+
+
+@lpq.hookimpl
 def lpq_detect_framework(model: Any) -> str | None:
     if isinstance(model, str | Path):
         return FRAMEWORK if _is_saved_model(Path(model)) else None
@@ -100,6 +107,10 @@ def lpq_quantize(
 ) -> Any | None:
     if framework != FRAMEWORK:
         return None
+    if tune_cfg.options.get("backend_scheme"):  # a backend profile's scheme: simulate it
+        from .backends import quantize as backend
+
+        return backend.quantize(model, tune_cfg, calib_dataloader, train_func)
     from . import quantize
 
     return quantize.quantize(model, tune_cfg, calib_dataloader, train_func)
@@ -154,8 +165,20 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
     if framework != FRAMEWORK:
         return None
     from . import report
+    from .backends import simulate
 
+    if simulate.is_simulated(model):
+        return simulate.quantized_ops(model)
     return report.quantized_ops(model)
+
+
+@lpq.hookimpl
+def lpq_convert(framework: str, model: Any, target: str, options: dict[str, Any]) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from .backends import convert
+
+    return convert.convert(model, target, options)
 
 
 @lpq.hookimpl

@@ -1,0 +1,152 @@
+"""Proof that deploy is faithful: the exported QDQ model, run in ONNX Runtime, against the
+simulated PyTorch model, output by output and quantized tensor by quantized tensor.
+
+ONNX Runtime runs the QDQ graph node by node as ONNX defines it (graph optimizations off,
+so its int8 kernel fusions do not change the arithmetic being checked; ``optimize=True``
+measures those too). Differences come from float summation order (a conv summed in
+another order can land a value on the other side of a rounding boundary) and, for
+backends that do not round ties to even (Vitis AI, TFLite), from ties: each is one
+quantization step. The report gives, per model output, the largest difference in units of
+that output's step (its quantizer's scale, or for a float output the 8-bit step of its
+range), and per quantized tensor the largest code difference and the share of codes that
+differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.fx.interpreter import Interpreter
+
+from . import simulate
+from .quantizers import FakeQuantizer
+
+
+@contextlib.contextmanager
+def rounding(sim: torch.nn.Module, mode: str | None) -> Iterator[None]:
+    """Temporarily round every quantizer of ``sim`` with ``mode`` (``None``: unchanged)."""
+    quantizers = list(simulate.quantizers(sim).values())
+    saved = [q.spec for q in quantizers]
+    try:
+        if mode is not None:
+            for q in quantizers:
+                q.spec = dataclasses.replace(q.spec, rounding=mode)
+        yield
+    finally:
+        for q, spec in zip(quantizers, saved, strict=True):
+            q.spec = spec
+
+
+class _Recorder(Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        self.values[n.name] = result
+        return result
+
+
+def _activation_quantizers(sim: torch.fx.GraphModule) -> dict[str, tuple[str, FakeQuantizer]]:
+    """quantizer node name -> (name of the tensor it quantizes, the quantizer)."""
+    found = {}
+    for node in sim.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = sim.get_submodule(str(node.target))
+        source = node.args[0]
+        if isinstance(module, FakeQuantizer) and isinstance(source, torch.fx.Node):
+            if source.op != "get_attr":
+                found[node.name] = (source.name, module)
+    return found
+
+
+def compare(
+    sim: torch.fx.GraphModule,
+    onnx_model: Any,
+    inputs: Sequence[np.ndarray],
+    *,
+    optimize: bool = False,
+    round_mode: str | None = None,
+) -> dict[str, Any]:
+    """Run ``inputs`` (one array per batch, single-input models) through both models."""
+    import onnx
+    import onnxruntime as ort
+
+    quantizers = _activation_quantizers(sim)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(onnx_model)
+    produced = {out for node in probe.graph.node for out in node.output}
+    codes_of: dict[str, str] = {}
+    for name, (tensor, _) in quantizers.items():
+        codes = f"{tensor}_clipped" if f"{tensor}_clipped" in produced else f"{tensor}_quantized"
+        if codes in produced:
+            codes_of[name] = codes
+            probe.graph.output.append(onnx.ValueInfoProto(name=codes))
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    input_name = session.get_inputs()[0].name
+    n_outputs = len(onnx_model.graph.output)
+    output_nodes = _output_nodes(sim)
+    outputs: list[dict[str, float]] = [
+        {"max_abs": 0.0, "step": float("inf"), "steps": 0.0} for _ in range(n_outputs)
+    ]
+    tensors: dict[str, dict[str, float]] = {}
+    with rounding(sim, round_mode), torch.no_grad():
+        for batch in inputs:
+            results = session.run(None, {input_name: batch})
+            recorder = _Recorder(sim)
+            recorder.run(torch.from_numpy(batch))
+            for index, node in enumerate(output_nodes):
+                mine = recorder.values[node.name].numpy()
+                theirs = results[index]
+                step = _step(sim, node, mine)
+                diff = float(np.abs(theirs - mine).max())
+                entry = outputs[index]
+                entry["max_abs"] = max(entry["max_abs"], diff)
+                entry["step"] = min(entry["step"], step)
+                entry["steps"] = max(entry["steps"], diff / step)
+            for position, (name, ort_name) in enumerate(codes_of.items()):
+                tensor, quantizer = quantizers[name]
+                mine_codes = quantizer.codes(recorder.values[tensor]).numpy()
+                theirs_codes = results[n_outputs + position].astype(np.float64)
+                delta = np.abs(theirs_codes - mine_codes)
+                entry = tensors.setdefault(
+                    ort_name, {"max_code_diff": 0.0, "differing": 0.0, "n": 0.0}
+                )
+                entry["max_code_diff"] = max(entry["max_code_diff"], float(delta.max()))
+                entry["differing"] += float((delta > 0).sum())
+                entry["n"] += float(delta.size)
+    for entry in tensors.values():
+        entry["share_differing"] = entry.pop("differing") / max(entry.pop("n"), 1.0)
+    return {
+        "outputs": outputs,
+        "tensors": tensors,
+        "max_steps": max(o["steps"] for o in outputs),
+        "max_code_diff": max((t["max_code_diff"] for t in tensors.values()), default=0.0),
+    }
+
+
+def _output_nodes(sim: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    output = next(n for n in sim.graph.nodes if n.op == "output")
+    results = output.args[0]
+    return list(results) if isinstance(results, list | tuple) else [results]
+
+
+def _step(sim: torch.fx.GraphModule, node: torch.fx.Node, values: np.ndarray) -> float:
+    """One quantization step of an output: its quantizer's scale, else 8 bits of its range."""
+    if node.op == "call_module":
+        module = sim.get_submodule(str(node.target))
+        if isinstance(module, FakeQuantizer):
+            return float(module.scale.max())
+    return float(max(values.max() - values.min(), 1e-12) / 255.0)
