@@ -2,7 +2,9 @@
 
 1. The default config.
 2. Each other calibration algorithm the space allows (clipping calibrations such as kl
-   or percentile rescue outlier-heavy activations with every op still quantized).
+   or percentile rescue outlier-heavy activations with every op still quantized), then
+   each other value of the adaptor's model-wide *recipes* (capability ``recipes``, e.g.
+   SmoothQuant, cross-layer equalization), one batch each.
 3. One trial falling back the few ops whose inspected error (``lpq_inspect_tensor``, no
    trial spent) stands out: damage concentrated in a handful of ops ends here.
 4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage
@@ -62,7 +64,13 @@ class AutoStrategy(Strategy):
         record = yield from one(cfg, "default")
         fallen: list[OpKey] = []
         if not ctx.meets_goal(record):
-            cfg, record = yield from self._calibrations(ctx, cfg, record)
+            cfg, record = yield from self._best_of(
+                ctx, cfg, record, calibration_variants(ctx.space, cfg), "calibrate with"
+            )
+        if not ctx.meets_goal(record):
+            cfg, record = yield from self._best_of(
+                ctx, cfg, record, ctx.space.recipe_variants(cfg), "recipe"
+            )
         for stage in (self._worst_by_error, self._op_types, self._ops):
             if ctx.meets_goal(record):
                 break
@@ -75,13 +83,19 @@ class AutoStrategy(Strategy):
 
     # ------------------------------------------------------------------ stages
 
-    def _calibrations(
-        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
+    def _best_of(
+        self,
+        ctx: TuningContext,
+        cfg: TuneConfig,
+        record: TrialRecord,
+        variants: list[tuple[str, TuneConfig]],
+        stage: str,
     ) -> Generator[list[Candidate], list[TrialRecord], tuple[TuneConfig, TrialRecord]]:
-        variants = calibration_variants(ctx.space, cfg)
+        """Try ``variants`` of ``cfg`` (one batch); the first that meets the goal, else
+        the most accurate one that improves on ``record``, else ``cfg``."""
         if not variants:
             return cfg, record
-        records = yield [Candidate(c, f"calibrate with {name}") for name, c in variants]
+        records = yield [Candidate(c, f"{stage} {name}") for name, c in variants]
         for (_, candidate), tried in zip(variants, records):
             if ctx.meets_goal(tried) and not ctx.meets_goal(record):
                 return candidate, tried
@@ -188,11 +202,12 @@ class AutoStrategy(Strategy):
                 cfg = candidate
 
     def _try_variants(self, ctx: TuningContext, fallback_cfg: TuneConfig) -> Proposals:
-        """Other options per op type, from the best config (or the current one)."""
+        """Other options per op type and other recipes (e.g. latency-aware quantization),
+        from the best config (or the current one)."""
         best = ctx.best
         cfg = best.config() if best is not None and best.tune_cfg is not None else fallback_cfg
         assert cfg is not None
-        candidates = []
+        candidates = [Candidate(c, f"recipe {name}") for name, c in ctx.space.recipe_variants(cfg)]
         for op_type in ctx.space.op_types():
             keys = [k for k in ctx.space.tunable_ops if k[1] == op_type and cfg.ops[k].quantized]
             if keys:
