@@ -6,20 +6,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lpq.plugins import manager as _manager_module
 from lpq.plugins.manager import PluginManager
+from lpq.testing.isolation import fresh_plugin_manager
 
 
 @pytest.fixture
 def lpq_plugin_manager() -> Iterator[PluginManager]:
     """A fresh process-wide plugin manager for one test; the previous one is restored."""
-    saved = _manager_module._manager
-    _manager_module.reset_plugin_manager()
-    pm = _manager_module.get_plugin_manager()
-    try:
+    with fresh_plugin_manager() as pm:
         yield pm
-    finally:
-        _manager_module._manager = saved
 
 
 @pytest.fixture
