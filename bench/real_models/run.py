@@ -86,7 +86,7 @@ def _timed(label: str, make: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def bench_model(key: str, quick: bool, skip: set[str]) -> dict[str, Any]:
+def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str, Any]:
 
     import models
     import variants
@@ -152,9 +152,17 @@ def bench_model(key: str, quick: bool, skip: set[str]) -> dict[str, Any]:
     for label, job in jobs:
         if any(s and s.lower() in label.lower() for s in skip):
             continue
+        done = work / f"{label.replace(' ', '_')}.done.json"
+        if done.exists() and not fresh:  # quantized by an earlier run: reuse it
+            record = json.loads(done.read_text())
+            if Path(record["path"]).exists():
+                made[label], info[label] = Path(record["path"]), record["info"]
+                seconds[label] = record["seconds"]
+                continue
         try:
             (path, extra), elapsed = _timed(label, job)
             made[label], info[label], seconds[label] = Path(path), extra, elapsed
+            done.write_text(json.dumps({"path": str(path), "info": extra, "seconds": elapsed}))
         except Exception as exc:  # a peer that cannot quantize a model is a result too
             errors[label] = variants.describe_error(exc)
             print(f"    failed: {errors[label]}", flush=True)
@@ -250,19 +258,23 @@ def main() -> None:
     parser.add_argument(
         "--skip", default="", help="comma-separated variant substrings to skip (e.g. quark,tuned)"
     )
+    parser.add_argument(
+        "--fresh", action="store_true", help="quantize again even where an earlier run did"
+    )
     parser.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.inside:  # one model, inside the bench venv
         sys.path.insert(0, str(HERE))
-        bench_model(args.inside, args.quick, skip)
+        bench_model(args.inside, args.quick, skip, args.fresh)
         return
     ensure_venvs(with_quark="quark" not in skip)
     results = []
     for key in [m.strip() for m in args.models.split(",") if m.strip()]:
         print(f"== {key}", flush=True)
         command = [str(VENV / "bin" / "python"), str(Path(__file__).resolve()), "--inside", key]
-        command += ["--quick"] * args.quick + ["--skip", args.skip] * bool(args.skip)
+        command += ["--quick"] * args.quick + ["--fresh"] * args.fresh
+        command += ["--skip", args.skip] * bool(args.skip)
         done = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         path = RESULTS / f"{key}.json"
         if done.returncode == 0 and path.exists():

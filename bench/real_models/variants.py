@@ -182,6 +182,9 @@ def quark(src: Path, target: Path, calib: list[Feed], config: str) -> tuple[Path
     """Run ``quark_worker.py`` in the Quark venv (Quark pins its own onnxruntime/torch)."""
     if not QUARK_PYTHON.exists():
         raise RuntimeError("the Quark venv is missing (run.py creates it)")
+    # The same input ORT's variants get: quant_pre_process output at opset >= 13 (Quark's
+    # per-channel QDQ needs DequantizeLinear's axis; on the raw opset-11/12 exports it fails).
+    src = preprocess(src, target.parent)
     data = target.with_suffix(".calib.npz")
     arrays = {f"{i}__{name}": value for i, feed in enumerate(calib) for name, value in feed.items()}
     np.savez(data, **arrays)
@@ -200,7 +203,8 @@ def quark(src: Path, target: Path, calib: list[Feed], config: str) -> tuple[Path
         timeout=3600,
     )
     if done.returncode != 0 or not target.exists():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        target.with_suffix(".log").write_text(done.stdout + done.stderr)
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
         raise RuntimeError("Quark failed: " + " | ".join(tail))
     info = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
     info["wall_s"] = time.perf_counter() - start

@@ -210,7 +210,7 @@ def _latency_decision(
         return cached
     ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
     formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
-    timer = latency.ort_timer(options)
+    timer = latency.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
     blame = latency.profile_blame(options, feed, prepared.model, [n for n, _ in ops])
     decision = latency.decide(
         build,

@@ -80,52 +80,36 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
     return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "feed": feed}
 
 
-def test_op_type_that_int8_slows_down_goes_back_to_fp32(digits_parts):
-    ops = digits_parts["ops"]
-    names = [n for n, _ in ops]
-    # Convs are faster in int8, Gemm/MatMul much slower: they must end in fp32.
-    costs = {n: ((1.0, 0.5) if t == "Conv" else (1.0, 3.0)) for n, t in ops}
-    timer = ScriptedTimer(costs, names)
-    decision = latency.decide(
-        digits_parts["build"],
-        digits_parts["prepared"].model,
-        ops,
-        digits_parts["feed"],
-        formats=("qdq",),
+def _decide(parts: dict[str, Any], costs: Any, formats: tuple[str, ...]) -> Any:
+    """latency.decide on the digits model with scripted costs: name -> (fp32 s, int8 s)."""
+    names = [n for n, _ in parts["ops"]]
+    timer = ScriptedTimer({n: costs(n, t) for n, t in parts["ops"]}, names)
+    return latency.decide(
+        parts["build"],
+        parts["prepared"].model,
+        parts["ops"],
+        parts["feed"],
+        formats=formats,
         timer=timer,
     )
-    slow = {n for n, t in ops if t != "Conv"}
-    assert set(decision.fp32_ops) == slow
+
+
+def test_op_type_that_int8_slows_down_goes_back_to_fp32(digits_parts):
+    # Convs are faster in int8, Gemm/MatMul much slower: they must end in fp32.
+    decision = _decide(
+        digits_parts, lambda n, t: (1.0, 0.5) if t == "Conv" else (1.0, 3.0), ("qdq",)
+    )
+    assert set(decision.fp32_ops) == {n for n, t in digits_parts["ops"] if t != "Conv"}
     assert decision.steps and any(step["kept"] for step in decision.steps)
 
 
 def test_model_slower_than_fp32_keeps_every_op_fp32(digits_parts):
-    ops = digits_parts["ops"]
-    names = [n for n, _ in ops]
-    timer = ScriptedTimer({n: (1.0, 1.5) for n in names}, names)
-    decision = latency.decide(
-        digits_parts["build"],
-        digits_parts["prepared"].model,
-        ops,
-        digits_parts["feed"],
-        formats=("qdq", "qoperator"),
-        timer=timer,
-    )
-    assert set(decision.fp32_ops) == set(names)
+    decision = _decide(digits_parts, lambda n, t: (1.0, 1.5), ("qdq", "qoperator"))
+    assert set(decision.fp32_ops) == {n for n, _ in digits_parts["ops"]}
 
 
 def test_faster_everywhere_keeps_every_op_int8_and_measures_formats(digits_parts):
-    ops = digits_parts["ops"]
-    names = [n for n, _ in ops]
-    timer = ScriptedTimer({n: (1.0, 0.4) for n in names}, names)
-    decision = latency.decide(
-        digits_parts["build"],
-        digits_parts["prepared"].model,
-        ops,
-        digits_parts["feed"],
-        formats=("qdq", "qoperator"),
-        timer=timer,
-    )
+    decision = _decide(digits_parts, lambda n, t: (1.0, 0.4), ("qdq", "qoperator"))
     assert decision.fp32_ops == []
     assert decision.steps[0]["change"] == "format qdq -> qoperator"
 
@@ -137,7 +121,12 @@ def test_real_measurement_is_cached_on_disk(
     folder = _latency_cache / "real"
     cfg = lpq.TuneConfig(
         ops={k: cap.default_op_config(k) for k in cap.opwise},
-        options={"latency_aware": True, "latency_cache_dir": str(folder), "quant_format": "qdq"},
+        options={
+            "latency_aware": True,
+            "latency_cache_dir": str(folder),
+            "latency_budget_s": 0.05,  # timing quality is not what this test checks
+            "quant_format": "qdq",
+        },
     )
     first = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
     files = list(folder.glob("*.json"))
