@@ -330,3 +330,26 @@ def bias_correction(
             shift = mean @ error
         _set(model, bias_name, (bias - shift).astype(np.float32))
     return model
+
+
+# --------------------------------------------------------------------------- AdaRound
+
+
+@recipe("adaround")
+def adaround(
+    model: onnx.ModelProto,
+    *,
+    value: Any,
+    feeds: Callable[[], Iterable[dict[str, np.ndarray]]] | None,
+    ops: Mapping[str, OpConfig],
+    **_: Any,
+) -> onnx.ModelProto:
+    """Learned rounding of int8 weights, layer by layer; see :mod:`.adaround`."""
+    from .adaround import adaround_model
+
+    if feeds is None:
+        raise ConfigError("adaround needs calibration data (layer inputs)")
+    iterations = 300 if value is True else int(value)
+    if iterations < 1:
+        raise ConfigError(f"adaround iterations must be >= 1, not {value!r}")
+    return adaround_model(model, feeds, ops, iterations)
