@@ -241,11 +241,13 @@ def _options_text(options: Any) -> str:
 
 def _register_tuning_commands() -> None:
     from .deploy import deploy_command
+    from .diagnose import diagnose_command
     from .tuning import quantize_command, tune_command
 
     cli.add_command(quantize_command)
     cli.add_command(tune_command)
     cli.add_command(deploy_command)
+    cli.add_command(diagnose_command)
 
 
 def _show_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def _npz(path: Path) -> None:
     np.savez(path, input=np.zeros((4, 3), np.float32), labels=np.zeros(4, np.int64))
 
 
-def _zip(entries: dict[str, str]) -> object:
+def _zip(entries: dict[str, str]) -> Callable[[Path], None]:
     def write(path: Path) -> None:
         with zipfile.ZipFile(path, "w") as archive:
             for name, text in entries.items():

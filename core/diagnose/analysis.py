@@ -1,0 +1,364 @@
+"""Where a quantized model departs from fp32, op by op, and what falling back each op buys.
+
+Framework-free: everything goes through the plugin manager's facade. Each quantizable op's
+output is captured in the fp32 and the quantized model (``lpq_inspect_tensor``, keyed by
+fp32 op names) and compared; which ops really run quantized is read from the converted
+model (``lpq_quantized_ops``) where the adaptor can say. Then the worst quantized ops are
+fallen back one at a time (``lpq_quantize`` with that op in fp32) and the model outputs
+measured again (``lpq_evaluate``): the ranking says where error appears, the fallback
+says which op is worth giving up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import PostTrainingQuantConfig
+from ..eval.data import OutputRecorder, as_dataloader
+from ..eval.metrics import Agreement, label_free_metric
+from ..plan.capability import FrameworkCapability
+from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
+from ..plugins.manager import PluginManager, get_plugin_manager
+from ..tuning.sensitivity import marginal_errors
+
+#: Activation values kept per worst op for the report's histograms.
+HISTOGRAM_VALUES = 20_000
+
+
+@dataclass
+class FallbackEffect:
+    """The model's outputs with one op put back in fp32 (everything else unchanged)."""
+
+    output_error: float
+    agreement: float | None
+    #: Share of the quantized model's output error this fallback removes (1: all of it).
+    gain: float
+
+
+@dataclass
+class OpReport:
+    """One quantizable op: how far its output is from fp32, and how it is quantized."""
+
+    name: str
+    op_type: str
+    precision: str
+    quantized: bool
+    scheme: str
+    #: RMS(quantized - fp32) / RMS(fp32) of the op's output (includes upstream error).
+    relative_error: float
+    #: How much this op raises the largest relative error of the ops before it in graph
+    #: order: the error it adds itself. Ops are ranked by it.
+    added_error: float
+    sqnr_db: float
+    #: RMS error in int8 steps of the op's fp32 output range.
+    error_steps: float
+    max_abs_error: float
+    fp32_range: tuple[float, float]
+    fallback: FallbackEffect | None = None
+
+
+@dataclass
+class Diagnosis:
+    """The whole report; :meth:`to_json` is what ``diagnosis.json`` holds."""
+
+    framework: str
+    model: str
+    quantized: str
+    config_source: str
+    samples: int
+    #: Output error and top-1 agreement (class-score outputs) of the quantized model.
+    output_error: float
+    agreement: float | None
+    ops: list[OpReport]
+    notes: list[str] = field(default_factory=list)
+    #: fp32 and quantized activation values of the worst ops (for histograms; not JSON).
+    values: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def worst(self, count: int) -> list[OpReport]:
+        return self.ops[:count]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("values")
+        return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan: write them as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _rms(values: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(values, dtype=np.float64)))) if values.size else 0.0
+
+
+def _first(value: Any) -> np.ndarray:
+    if isinstance(value, list | tuple):
+        value = value[0]
+    if isinstance(value, dict):
+        value = next(iter(value.values()))
+    return np.asarray(value)
+
+
+def _scheme(cfg: OpConfig | None) -> str:
+    if cfg is None or not cfg.quantized:
+        return "-"
+
+    def tensor(label: str, t: TensorConfig | None) -> str:
+        if t is None:
+            return ""
+        return f"{label} {t.dtype} {t.scheme} {t.granularity} {t.algorithm}"
+
+    parts = [tensor("w", cfg.weight), tensor("a", cfg.activation)]
+    return f"{cfg.mode}: " + "; ".join(p for p in parts if p)
+
+
+def _compare(fp32: list[np.ndarray], quantized: list[np.ndarray]) -> tuple[float, ...]:
+    f = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in fp32])
+    q = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in quantized])
+    diff = q - f
+    noise, signal = float(np.sum(diff**2)), float(np.sum(f**2))
+    step = max(float(max(f.max(), 0.0) - min(f.min(), 0.0)) / 255, 1e-12)
+    rms_diff = _rms(diff)
+    return (
+        rms_diff / max(_rms(f), 1e-12),
+        10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf,
+        rms_diff / step,
+        float(np.abs(diff).max()) if diff.size else 0.0,
+        float(f.min()),
+        float(f.max()),
+    )
+
+
+class _Outputs:
+    """Model outputs over the diagnosis data, compared with the fp32 model's."""
+
+    def __init__(self, pm: PluginManager, framework: str, data: Any, batches: int | None):
+        self.pm, self.framework, self.data, self.batches = pm, framework, data, batches
+        self.reference: list[Any] = []
+
+    def of(self, model: Any) -> list[Any]:
+        recorder = OutputRecorder()
+        self.pm.evaluate(self.framework, model, self.data, [recorder], iteration=self.batches)
+        return recorder.outputs
+
+    def error(self, model: Any) -> tuple[float, float | None]:
+        """(relative output error, top-1 agreement or None) against the reference."""
+        got = self.of(model)
+        f = np.concatenate([_first(r).astype(np.float64).reshape(-1) for r in self.reference])
+        q = np.concatenate([_first(o).astype(np.float64).reshape(-1) for o in got])
+        error = _rms(q - f) / max(_rms(f), 1e-12)
+        if label_free_metric(self.reference[0])[0] != "agreement":
+            return error, None
+        agreement = Agreement()
+        for output, reference in zip(got, self.reference):
+            agreement.update(output, reference)
+        return error, agreement.result()
+
+
+def _config_from_model(capability: FrameworkCapability, precisions: dict[str, str]) -> TuneConfig:
+    """A tune_cfg matching what a converted model runs: the capability's default for the
+    ops it runs quantized, fp32 for the others."""
+    ops: dict[OpKey, OpConfig] = {}
+    for key in capability.opwise:
+        precision = precisions.get(key[0], "fp32")
+        if precision in FLOAT_PRECISIONS:
+            ops[key] = OpConfig.fallback(precision)
+        else:
+            ops[key] = capability.default_op_config(key)
+    return TuneConfig(ops=ops)
+
+
+def diagnose(
+    model: Any,
+    data: Any,
+    *,
+    quantized: Any = None,
+    tune_cfg: TuneConfig | None = None,
+    calib: Any = None,
+    framework: str | None = None,
+    config: PostTrainingQuantConfig | None = None,
+    worst: int = 5,
+    batches: int | None = None,
+    config_source: str = "",
+    quantized_label: str = "",
+) -> Diagnosis:
+    """Diagnose the quantization of ``model`` on ``data``.
+
+    :param model: the fp32 model (object or path).
+    :param data: the diagnosis data (any dataloader form lpq takes; labels are not needed).
+    :param quantized: the quantized model to diagnose (an object from ``lpq_quantize`` /
+        ``lpq_load_model``); ``None``: quantize ``model`` with ``tune_cfg`` or, without
+        one, with lpq's default configuration (``config`` applies).
+    :param tune_cfg: the configuration the quantized model was made with (from a tuning
+        history); needed to fall back exactly one op. Without it, it is read from the
+        quantized model (``lpq_quantized_ops``), with the adaptor's default scheme per op.
+    :param calib: calibration data for re-quantizing (default: ``data``).
+    :param worst: how many of the worst quantized ops to fall back one at a time.
+    :param batches: batches of ``data`` to run (``None``: all).
+    :param config_source: where ``tune_cfg`` came from, and ``quantized_label`` what the
+        quantized model is (a path), for the report.
+    """
+    pm = get_plugin_manager()
+    framework = framework or pm.detect_framework(model)
+    data = as_dataloader(data)
+    calib = as_dataloader(calib) if calib is not None else data
+    notes: list[str] = []
+    if calib is data:
+        notes.append("calibrated on the diagnosis data (no separate calibration data given)")
+    capability = pm.query_capability(framework, model, calib, {})
+
+    if tune_cfg is None and quantized is None:
+        made = _quantize_default(model, config, framework, calib)
+        quantized, tune_cfg = made.model, made.tune_cfg
+        config_source = config_source or "lpq's default configuration (as `lpq quantize`)"
+        base = quantized
+    elif tune_cfg is None:
+        precisions = pm.quantized_ops(framework, quantized)
+        if precisions is None:
+            tune_cfg = _quantize_default(model, config, framework, calib).tune_cfg
+            notes.append(
+                "the adaptor cannot say which ops the quantized model runs in int8: falling "
+                "back is measured from lpq's default configuration"
+            )
+        else:
+            tune_cfg = _config_from_model(capability, precisions)
+        config_source = config_source or (
+            "read from the quantized model (each op's scheme: the adaptor's default)"
+        )
+        base = pm.quantize(framework, model, tune_cfg, calib)
+    else:
+        config_source = config_source or "given"
+        if quantized is None:
+            quantized = pm.quantize(framework, model, tune_cfg, calib)
+        base = quantized
+
+    outputs = _Outputs(pm, framework, data, batches)
+    outputs.reference = outputs.of(model)
+    output_error, agreement = outputs.error(quantized)
+
+    ops = _op_reports(pm, framework, model, quantized, data, capability, tune_cfg, batches)
+    values = _worst_values(pm, framework, model, quantized, data, ops[:worst])
+    base_error = output_error if base is quantized else outputs.error(base)[0]
+    if base is not quantized:
+        notes.append(
+            f"fallback effects are measured against the model re-quantized with that "
+            f"configuration (output error {base_error:.4g}; the given model: {output_error:.4g})"
+        )
+    for report in [op for op in ops if op.quantized][:worst]:
+        key = (report.name, report.op_type)
+        fallen = pm.quantize(framework, model, tune_cfg.with_ops({key: OpConfig.fallback()}), calib)
+        error, agreed = outputs.error(fallen)
+        gain = (base_error - error) / base_error if base_error > 0 else 0.0
+        report.fallback = FallbackEffect(error, agreed, gain)
+
+    return Diagnosis(
+        framework=framework,
+        model=_shown(model),
+        quantized=quantized_label or _shown(quantized),
+        config_source=config_source,
+        samples=sum(len(_first(r)) for r in outputs.reference),
+        output_error=output_error,
+        agreement=agreement,
+        ops=ops,
+        notes=notes,
+        values=values,
+    )
+
+
+def _quantize_default(
+    model: Any, config: PostTrainingQuantConfig | None, framework: str, calib: Any
+) -> Any:
+    from ..api import quantize
+
+    return quantize(model, config or PostTrainingQuantConfig(framework=framework), calib)
+
+
+def _shown(model: Any) -> str:
+    return str(model) if isinstance(model, str) else type(model).__qualname__
+
+
+def _op_reports(
+    pm: PluginManager,
+    framework: str,
+    model: Any,
+    quantized: Any,
+    data: Any,
+    capability: FrameworkCapability,
+    tune_cfg: TuneConfig,
+    batches: int | None,
+) -> list[OpReport]:
+    names = [name for name, _ in capability.opwise]
+    fp32 = pm.inspect_tensor(framework, model, data, names, "activation", batches)
+    int8 = pm.inspect_tensor(framework, quantized, data, names, "activation", batches)
+    precisions = pm.quantized_ops(framework, quantized)
+    reports = []
+    for key in capability.opwise:
+        name, op_type = key
+        if name not in fp32.activations or name not in int8.activations:
+            continue
+        cfg = tune_cfg.ops.get(key)
+        if precisions is not None:
+            precision = precisions.get(name, "fp32")
+        else:
+            precision = cfg.precision if cfg is not None else "fp32"
+        relative, sqnr, steps, max_abs, low, high = _compare(
+            fp32.activations[name], int8.activations[name]
+        )
+        is_quantized = precision not in FLOAT_PRECISIONS
+        reports.append(
+            OpReport(
+                name=name,
+                op_type=op_type,
+                precision=precision,
+                quantized=is_quantized,
+                scheme=_scheme(cfg) if is_quantized else "-",
+                relative_error=relative,
+                added_error=0.0,
+                sqnr_db=sqnr,
+                error_steps=steps,
+                max_abs_error=max_abs,
+                fp32_range=(low, high),
+            )
+        )
+    added = marginal_errors({(r.name, r.op_type): r.relative_error for r in reports})
+    for report in reports:
+        report.added_error = added[(report.name, report.op_type)]
+    reports.sort(key=lambda r: r.added_error, reverse=True)
+    return reports
+
+
+def _worst_values(
+    pm: PluginManager,
+    framework: str,
+    model: Any,
+    quantized: Any,
+    data: Any,
+    worst: list[OpReport],
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Activation values (first batch, subsampled) of the worst ops, fp32 and quantized."""
+    if not worst:
+        return {}
+    names = [op.name for op in worst]
+    fp32 = pm.inspect_tensor(framework, model, data, names, "activation", 1)
+    int8 = pm.inspect_tensor(framework, quantized, data, names, "activation", 1)
+    rng = np.random.default_rng(0)
+    values = {}
+    for name in names:
+        f = np.asarray(fp32.activations[name][0], np.float32).reshape(-1)
+        q = np.asarray(int8.activations[name][0], np.float32).reshape(-1)
+        if f.size > HISTOGRAM_VALUES:
+            pick = rng.choice(f.size, HISTOGRAM_VALUES, replace=False)
+            f, q = f[pick], q[pick]
+        values[name] = (f, q)
+    return values
