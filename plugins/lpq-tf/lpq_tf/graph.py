@@ -213,3 +213,66 @@ def dequantize(tensor: Tensor, values: np.ndarray) -> np.ndarray:
         shape[tensor.quantized_dimension] = scale.size
         scale, zero = scale.reshape(shape), zero.reshape(shape)
     return ((values.astype(np.float32) - zero) * scale).astype(np.float32)
+
+
+def normalize(content: bytes) -> bytes:
+    """A float ``.tflite`` as lpq's quantizers need it; ``content`` itself if nothing to do.
+
+    * float16 weights stored behind DEQUANTIZE ops (MediaPipe ships its models so) become
+      float32 constants: LiteRT dequantizes them when it loads the model anyway, so the
+      fp32 model computes the same, and the quantizers see ordinary float weights;
+    * a model without a signature (converted by old tools) gets ``serving_default``,
+      which ai-edge-quantizer's calibrator needs;
+    * op codes of old schema versions (the op in ``deprecated_builtin_code``, 0 = ADD in
+      ``builtin_code``) are upgraded: ai-edge-quantizer reads only ``builtin_code`` and
+      would quantize every conv's weights as if it were an ADD's input.
+    """
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    parsed = read(content)
+    folds = [
+        op
+        for op in parsed.ops
+        if op.op_type == "DEQUANTIZE"
+        and op.inputs
+        and parsed.tensors[op.inputs[0]].buffer is not None
+        and np.dtype(parsed.tensors[op.inputs[0]].dtype) == np.float16
+    ]
+    root = schema.Model.GetRootAs(content, 0)
+    has_signature = root.SignatureDefsLength() > 0
+    old_codes = any(
+        root.OperatorCodes(i).BuiltinCode() < root.OperatorCodes(i).DeprecatedBuiltinCode()
+        for i in range(root.OperatorCodesLength())
+    )
+    if not folds and has_signature and not old_codes:
+        return content
+    model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+    for code in model.operatorCodes:
+        code.builtinCode = max(code.builtinCode, code.deprecatedBuiltinCode)
+    subgraph = model.subgraphs[0]
+    for op in folds:
+        weights = parsed.constant(op.inputs[0])
+        assert weights is not None
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(weights.astype(np.float32).tobytes(), dtype=np.uint8)
+        model.buffers.append(buffer)
+        subgraph.tensors[op.outputs[0]].buffer = len(model.buffers) - 1
+    dropped = {op.index for op in folds}
+    subgraph.operators = [op for i, op in enumerate(subgraph.operators) if i not in dropped]
+    if not has_signature:
+        signature = schema.SignatureDefT()
+        signature.signatureKey = b"serving_default"
+        signature.subgraphIndex = 0
+        signature.inputs, signature.outputs = [], []
+        pairs = ((parsed.inputs, signature.inputs), (parsed.outputs, signature.outputs))
+        for indices, target in pairs:
+            for index in indices:
+                entry = schema.TensorMapT()
+                entry.name = parsed.tensors[index].name.encode()
+                entry.tensorIndex = index
+                target.append(entry)
+        model.signatureDefs = [signature]
+    builder = flatbuffers.Builder(len(content) * 2 + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -201,7 +201,7 @@ def _from_tflite(path: Path) -> Prepared:
             f"{path}: this .tflite was already quantized by lpq",
             hint="quantize the fp32 model it came from",
         )
-    return Prepared("tflite", str(path), content, None)
+    return Prepared("tflite", str(path), graph_mod.normalize(content), None)
 
 
 def _cached(key: tuple[Any, ...], make: Any) -> Prepared:

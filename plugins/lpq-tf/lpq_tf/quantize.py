@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from lpq import ConfigError, OpConfig, TuneConfig
+from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
 
 from . import calibration
 from .capability import load_spec, quantizable_ops
@@ -70,7 +70,7 @@ def quantize(
 
         by_tensor = {by_name[name][1]: cfg for name, cfg in configs.items()}
         content = quantize_with_aeq(prepared, by_tensor, samples, io_dtype)
-    return QuantizedModel(
+    qmodel = QuantizedModel(
         content,
         tune_cfg,
         prepared.ops(),
@@ -80,6 +80,35 @@ def quantize(
         source=prepared,
         samples=samples,
     )
+    check_runs(qmodel)
+    return qmodel
+
+
+def check_runs(qmodel: QuantizedModel) -> None:
+    """Load the quantized model in LiteRT once, so that a model with an op no kernel can
+    run (e.g. a 16x8 depthwise conv whose scales overflow) fails here, naming the op,
+    instead of in the middle of an evaluation."""
+    import re
+
+    from .graph import read
+    from .precision import match_ops
+    from .runtime import Runner
+
+    try:
+        Runner(qmodel.content).prepare()
+    except LpqError as exc:
+        node = re.search(r"Node number (\d+) \((\w+)\)", exc.message)
+        name = None
+        if node:
+            index = int(node.group(1))
+            matched = match_ops(qmodel.float_ops, read(qmodel.content))
+            name = next((n for n, op in matched.items() if op.index == index), None)
+        raise ModelError(
+            "LiteRT cannot run the model as quantized: "
+            + (f"op {name or node.group(1)} ({node.group(2)}) " if node else "")
+            + f"has no kernel for its quantization ({exc.message.split(': ', 1)[-1][:160]})",
+            hint="keep that op in fp32, or quantize it another way (int8 instead of 16x8)",
+        ) from None
 
 
 def _check_op_config(name: str, cfg: OpConfig) -> None:
@@ -117,9 +146,8 @@ def _all_op_configs(prepared: Prepared, tune_cfg: TuneConfig) -> dict[str, OpCon
 
 
 def _signature(cfg: OpConfig) -> tuple[Any, ...]:
-    granularity = cfg.weight.granularity if cfg.weight else None
     activation = cfg.activation.dtype if cfg.activation else None
-    return (cfg.precision, cfg.mode, activation, granularity)
+    return (cfg.precision, cfg.mode, activation)
 
 
 def choose_route(prepared: Prepared, configs: dict[str, OpConfig]) -> str:
@@ -132,9 +160,10 @@ def choose_route(prepared: Prepared, configs: dict[str, OpConfig]) -> str:
     if prepared.saved_model_dir is None:
         return AEQ  # a .tflite input: the converter needs a SavedModel
     kinds = {_signature(cfg) for cfg in quantized.values()}
-    if len(kinds) != 1:
-        return AEQ
-    precision, mode, activation, _ = next(iter(kinds))
+    granularities = {cfg.weight.granularity for cfg in quantized.values() if cfg.weight}
+    if len(kinds) != 1 or len(granularities) > 1:
+        return AEQ  # the converter's per-channel switch is model-wide
+    precision, mode, activation = next(iter(kinds))
     if mode == "static" and activation == "int8":
         return CONVERTER  # fallbacks become denylisted nodes
     # 16x8 and dynamic range are whole-model switches in the converter: use it only when

@@ -74,9 +74,26 @@ class Runner:
         """The arrays of one batch, checked and ordered like the model's inputs."""
         return make_feed(self.specs, inputs)
 
+    def prepare(self) -> None:
+        """Allocate the model for a batch of one: LiteRT checks every op's kernel here."""
+        self._resize(tuple(tuple(1 if d is None else d for d in s.shape) for s in self.specs))
+
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Run one checked batch; float32 outputs in the model's output order."""
-        shapes = tuple(a.shape for a in arrays)
+        interpreter = self.interpreter
+        self._resize(tuple(a.shape for a in arrays))
+        for spec, array in zip(self.specs, arrays):
+            interpreter.set_tensor(spec.index, array)
+        try:
+            interpreter.invoke()
+        except RuntimeError as exc:
+            raise DataError(
+                f"LiteRT could not run the batch: {exc}".splitlines()[0],
+                hint="check the data's shapes and dtypes against the model's inputs",
+            ) from None
+        return [_to_float(d, interpreter.get_tensor(d["index"])) for d in self.outputs]
+
+    def _resize(self, shapes: tuple[tuple[int, ...], ...]) -> None:
         interpreter = self.interpreter
         if shapes != self._shapes:
             try:
@@ -89,18 +106,6 @@ class Runner:
                     hint="the model may have a fixed batch size; batch the data to match",
                 ) from None
             self._shapes = shapes
-        for spec, array in zip(self.specs, arrays):
-            interpreter.set_tensor(spec.index, array)
-        try:
-            interpreter.invoke()
-        except RuntimeError as exc:
-            raise DataError(
-                f"LiteRT could not run the batch: {exc}".splitlines()[0],
-                hint="check the data's shapes and dtypes against the model's inputs",
-            ) from None
-        return [
-            _to_float(detail, interpreter.get_tensor(detail["index"])) for detail in self.outputs
-        ]
 
     def batches(
         self, dataloader: Iterable[Any], max_samples: int | None = None
