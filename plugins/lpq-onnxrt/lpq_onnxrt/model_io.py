@@ -15,8 +15,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,11 +33,8 @@ MAX_OPSET = 21
 #: Models above this size cannot be serialized to one protobuf string.
 PROTO_LIMIT = 2_000_000_000
 
-_CACHE_SIZE = 4
 #: ORT graph optimizers not applied when preparing a model (see :func:`optimize`).
 _KEEP_AS_IS = ["MatMulAddFusion"]
-_cache: OrderedDict[str, PreparedModel] = OrderedDict()
-_lock = threading.Lock()
 
 
 @dataclass
@@ -267,13 +262,16 @@ def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def prepare(model: Any) -> PreparedModel:
-    """The cached prepared copy of ``model`` (see the module docstring)."""
+    """The prepared copy of ``model`` (see the module docstring), from lpq's run cache."""
+    import lpq
+
     key = content_key(model)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    return lpq.run_cache().get_or_compute(
+        "onnxrt-prepared", lpq.content_key(key), lambda: _prepare(model, key)
+    )
+
+
+def _prepare(model: Any, key: str) -> PreparedModel:
     import onnx
 
     proto = onnx.ModelProto()
@@ -301,10 +299,6 @@ def prepare(model: Any) -> PreparedModel:
         len(optimized.graph.node),
         len(original_names),
     )
-    with _lock:
-        _cache[key] = prepared
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
     return prepared
 
 

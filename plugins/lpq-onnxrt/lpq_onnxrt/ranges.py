@@ -9,14 +9,13 @@ or switches an op from minmax to kl, then reuses the same statistics: only
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+import lpq
 
 from .feeds import iter_batches
 
@@ -45,10 +44,6 @@ FOLLOW_OPS = frozenset(
         "Softmax",
     }
 )
-
-_CACHE_SIZE = 4
-_cache: OrderedDict[tuple[Any, ...], CalibrationStats] = OrderedDict()
-_lock = threading.Lock()
 
 
 def activation_tensors(model: onnx.ModelProto, node_names: Iterable[str]) -> list[str]:
@@ -79,16 +74,6 @@ def calibration_candidates(model: onnx.ModelProto, static_op_types: Iterable[str
     )
 
 
-def _fingerprint(feed: dict[str, np.ndarray]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(feed):
-        value = np.ascontiguousarray(feed[name])
-        digest.update(name.encode())
-        digest.update(str(value.shape).encode())
-        digest.update(value.tobytes()[: 1 << 20])
-    return digest.hexdigest()[:16]
-
-
 def limited_feeds(
     model: onnx.ModelProto, dataloader: Iterable[Any] | None, max_samples: int
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -114,33 +99,31 @@ def statistics(
     session_options: Any = None,
     memory_budget_bytes: int | None = None,
 ) -> CalibrationStats:
-    """Calibration statistics for ``tensor_names``; cached per (model, data, size)."""
-    from .calibration import DEFAULT_MEMORY_BUDGET, collect_statistics
+    """Calibration statistics for ``tensor_names``, from lpq's run cache: keyed by the
+    model, the *content* of the data actually used, the sample count and the tensors, so
+    every trial of a run (and every worker) calibrates once."""
+    from .calibration import DEFAULT_MEMORY_BUDGET, CalibrationStats, collect_statistics
 
     if dataloader is not None and iter(dataloader) is dataloader:  # one-shot iterator
         dataloader = list(dataloader)
-    first = next(limited_feeds(model, dataloader, max_samples))  # validates; DataError if empty
-    key = (model_key, id(dataloader), _fingerprint(first), max_samples, tuple(tensor_names))
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            log.debug("calibration cache hit (%d tensors)", len(tensor_names))
-            return hit
-    stats = collect_statistics(
-        model,
-        tensor_names,
-        limited_feeds(model, dataloader, max_samples),
-        session_options=session_options,
-        memory_budget_bytes=memory_budget_bytes or DEFAULT_MEMORY_BUDGET,
+    data_key = lpq.content_key(
+        [sorted(feed.items()) for feed in limited_feeds(model, dataloader, max_samples)]
+    )  # also validates the data (DataError when empty or misfit)
+    key = lpq.content_key(model_key, data_key, max_samples, tensor_names)
+
+    def compute() -> CalibrationStats:
+        return collect_statistics(
+            model,
+            tensor_names,
+            limited_feeds(model, dataloader, max_samples),
+            session_options=session_options,
+            memory_budget_bytes=memory_budget_bytes or DEFAULT_MEMORY_BUDGET,
+        )
+
+    return lpq.run_cache().get_or_compute(
+        "onnxrt-calibration",
+        key,
+        compute,
+        save=lambda stats, handle: stats.write(handle),
+        load=CalibrationStats.load,
     )
-    with _lock:
-        _cache[key] = stats
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return stats
-
-
-def clear_cache() -> None:
-    with _lock:
-        _cache.clear()

@@ -13,7 +13,6 @@ from onnx import numpy_helper
 
 import lpq
 from lpq import TopK
-from lpq_onnxrt import ranges
 
 FW = "onnxrt"
 
@@ -220,7 +219,7 @@ def test_calibration_is_cached_across_fallback_trials(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(calibration, "collect_statistics", counting)
-    ranges.clear_cache()
+    lpq.run_cache().clear_memory()
     cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
     cfg = _cfg(cap)
     pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
@@ -252,7 +251,7 @@ def test_calibration_uses_exactly_calib_sampling_size(
         return original(model, names, tap(), **kwargs)
 
     monkeypatch.setattr(calibration, "collect_statistics", counting)
-    ranges.clear_cache()
+    lpq.run_cache().clear_memory()
     cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
     pm.quantize(FW, lpq_sample_model, replace(_cfg(cap), calib_sampling_size=70), calib_loader)
     assert sum(seen) == 70  # batches of 50: one full batch and 20 of the next

@@ -226,6 +226,11 @@ class CalibrationStats:
         Lets a later tuning run compute ranges for new algorithms or schemes without
         running the calibration data through the model again.
         """
+        with atomic_write(path, "wb") as handle:
+            self.write(handle)
+
+    def write(self, handle: Any) -> None:
+        """Write the statistics to an open binary file (the ``.npz`` of :meth:`save`)."""
         tensors: list[list[Any]] = []
         arrays: dict[str, np.ndarray] = {}
         for i, (name, h) in enumerate(self._tensors.items()):
@@ -234,13 +239,13 @@ class CalibrationStats:
             arrays[f"negative_{i}"] = h.negative
         meta = {"format": _FORMAT, "num_bins": self.num_bins, "tensors": tensors}
         arrays["meta"] = np.array(json.dumps(meta))
-        with atomic_write(path, "wb") as handle:
-            savez: Any = np.savez_compressed  # numpy's stub mistypes **arrays
-            savez(handle, **arrays)
+        savez: Any = np.savez_compressed  # numpy's stub mistypes **arrays
+        savez(handle, **arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> CalibrationStats:
-        """Read statistics written by :meth:`save`."""
+    def load(cls, path: str | os.PathLike[str] | Any) -> CalibrationStats:
+        """Read statistics written by :meth:`save` (a path or an open binary file)."""
+        where = os.fspath(path) if isinstance(path, str | os.PathLike) else "a file"
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
@@ -259,7 +264,7 @@ class CalibrationStats:
                     stats._tensors[name] = h
         except (OSError, KeyError, ValueError, TypeError) as error:
             raise DataError(
-                f"cannot read calibration statistics from {os.fspath(path)!r}: {error}",
+                f"cannot read calibration statistics from {where!r}: {error}",
                 hint="delete the file and calibrate again",
             ) from error
         return stats
