@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import lpq
 
+from . import graph
+
 if TYPE_CHECKING:
     import onnx
 
@@ -49,24 +51,6 @@ def load_spec(options: Mapping[str, Any] | None = None) -> lpq.CapabilitySpec:
     return _spec_for(files, lpq.installed_version(DISTRIBUTION))
 
 
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor whose type is known after shape inference."""
-    types: dict[str, int] = {}
-    graph = model.graph
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        if value.type.HasField("tensor_type"):
-            types[value.name] = value.type.tensor_type.elem_type
-    for init in graph.initializer:
-        types[init.name] = init.data_type
-    return types
-
-
-def weight_is_constant(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
-    initializers = {init.name for init in model.graph.initializer}
-    index = 0 if node.op_type == "Gather" else 1
-    return len(node.input) > index and node.input[index] in initializers
-
-
 def _is_float_op(node: onnx.NodeProto, types: Mapping[str, int]) -> bool:
     if not node.output:
         return False
@@ -80,7 +64,7 @@ def build_capability(
     model: onnx.ModelProto, options: Mapping[str, Any] | None = None
 ) -> lpq.FrameworkCapability:
     spec = load_spec(options)
-    types = tensor_types(model)
+    types = graph.tensor_types(model)
     constants = {init.name for init in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     ops = [
@@ -95,7 +79,7 @@ def build_capability(
     for key in list(capability.opwise):
         node = by_name[key[0]]
         caps = capability.opwise[key]
-        if not weight_is_constant(model, node):
+        if not graph.weight_is_constant(model, node):
             caps = [c for c in caps if c.mode not in _WEIGHT_MODES]
             if node.op_type == "Gather":
                 caps = []

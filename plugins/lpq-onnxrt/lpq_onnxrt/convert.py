@@ -27,7 +27,7 @@ def convert_nodes(model: onnx.ModelProto, precisions: Mapping[str, str]) -> onnx
     """A copy of ``model`` with each named node run in its precision (fp16 / bf16)."""
     from onnx import helper
 
-    from .capability import tensor_types
+    from .graph import tensor_types
 
     for name, precision in precisions.items():
         if precision not in _ONNX_TYPE:

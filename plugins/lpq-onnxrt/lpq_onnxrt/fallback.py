@@ -84,7 +84,7 @@ def _float_copy(
 
 
 def _drop_unread_pairs(model: onnx.ModelProto) -> None:
-    from .model_io import graph_reads
+    from .graph import graph_reads
 
     graph = model.graph
     outputs = {out.name for out in graph.output}
@@ -100,7 +100,7 @@ def _drop_unread_pairs(model: onnx.ModelProto) -> None:
         changed = bool(unread)
         for node in unread:
             graph.node.remove(node)
-    from .model_io import graph_reads
+    from .graph import graph_reads
 
     used = graph_reads(graph)
     for init in [init for init in graph.initializer if init.name not in used]:

@@ -18,8 +18,8 @@ from lpq import ConfigError, DataError, Inspection
 
 from . import model_io
 from .feeds import iter_batches
+from .graph import follow_activation
 from .qmodel import QuantizedModel
-from .quantize import follow_activation
 from .session import create_session
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def inspect(
         default_names = [name for name, _ in model.tune_cfg.ops]
     else:
         from .capability import build_capability
-        from .quantize import node_outputs, node_weights
+        from .graph import node_outputs, node_weights
 
         proto = model_io.prepare(model).model
         outputs, weights = node_outputs(proto), node_weights(proto)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from . import latency, model_io, ranges, recipes
+from . import graph, latency, model_io, ranges, recipes
 from .qmodel import QuantizedModel
 
 if TYPE_CHECKING:
@@ -53,18 +53,6 @@ def _quant_type(dtype: str) -> Any:
     return getattr(QuantType, _DTYPES_8BIT[dtype])
 
 
-def _weight_axis(node: onnx.NodeProto) -> int:
-    """The per-channel axis ORT expects for the node's weight."""
-    if node.op_type == "ConvTranspose":
-        return 1
-    if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else 1
-    if node.op_type == "MatMul":
-        return 1
-    return 0
-
-
 def quantize(
     model: Any, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any] | None
 ) -> QuantizedModel:
@@ -80,7 +68,7 @@ def quantize(
             hint="build the tune_cfg from this model's capability (lpq names unnamed nodes "
             "<OpType>_<index>)",
         )
-    groups: dict[str, dict[str, OpConfig]] = {"static": {}, "dynamic": {}, "weight_only": {}}
+    groups: dict[str, dict[str, OpConfig]] = {"static": {}, **{mode: {} for mode in PASSES}}
     floats: dict[str, str] = {}
     for (name, _), cfg in tune_cfg.ops.items():
         if not cfg.quantized:
@@ -165,15 +153,14 @@ def quantize(
 
         fp32_now = [name for (name, _), cfg in effective.ops.items() if not cfg.quantized]
         work = read_float_inputs(work, base, fp32_now)
-    if groups["dynamic"]:
-        work = _dynamic_pass(work, groups["dynamic"])
-    if groups["weight_only"]:
-        work = _weight_only_pass(work, groups["weight_only"], tune_cfg.options)
+    for mode, run_pass in PASSES.items():  # modes that need no calibration
+        if groups[mode]:
+            work = run_pass(work, groups[mode], tune_cfg.options)
     if floats:
         from .convert import convert_nodes
 
         work = convert_nodes(work, floats)
-    model_io.topological_sort(work)
+    graph.topological_sort(work)
     options = dict(tune_cfg.options)
     if decision is not None:
         options["quant_format"] = decision.quant_format
@@ -182,8 +169,8 @@ def quantize(
         effective,
         used_ranges,
         options,
-        fp32_outputs=node_outputs(base),
-        fp32_weights=node_weights(base),
+        fp32_outputs=graph.node_outputs(base),
+        fp32_weights=graph.node_weights(base),
         latency=decision.to_json() if decision is not None else None,
     )
 
@@ -226,42 +213,6 @@ def _latency_decision(
     return decision
 
 
-def node_outputs(model: onnx.ModelProto) -> dict[str, str]:
-    """fp32 node name -> the tensor inspection reports for it (see :func:`follow_activation`)."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return {
-        node.name: follow_activation(consumers, node.output[0])
-        for node in model.graph.node
-        if node.output
-    }
-
-
-def follow_activation(consumers: Mapping[str, list[onnx.NodeProto]], tensor: str) -> str:
-    """``tensor``, or the output of the Relu/Clip that is its only consumer.
-
-    ORT fuses such activations into the quantized op (QDQ drops the Relu and the op
-    outputs the activated value), so fp32 and quantized models are compared after it.
-    """
-    users = consumers.get(tensor, [])
-    if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and users[0].output:
-        return str(users[0].output[0])
-    return tensor
-
-
-def node_weights(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """fp32 node name -> its float initializer inputs (weights, biases)."""
-    floats = {init.name for init in model.graph.initializer if init.data_type in (1, 10, 16)}
-    found = {}
-    for node in model.graph.node:
-        names = [name for name in node.input if name in floats]
-        if names:
-            found[node.name] = names
-    return found
-
-
 # --------------------------------------------------------------------------- static
 
 
@@ -279,7 +230,7 @@ def _static_pass(
 
     if any(_per_channel(cfg) for cfg in ops.values()):
         model = model_io.upgrade_opset(model, 13)  # DequantizeLinear's axis needs opset 13
-    model_io.flatten_gemm_biases(model)
+    graph.flatten_gemm_biases(model)
     configured = {name for name, _ in tune_cfg.ops}
     helpers = [
         node.name
@@ -351,7 +302,7 @@ def _static_pass(
             "symmetric": cfg.weight.scheme == "sym",
         }
         if _per_channel(cfg) and len(initializers[weight_name].dims) >= 2:
-            entry["axis"] = _weight_axis(node)
+            entry["axis"] = graph.weight_axis(node)
         overrides[weight_name] = [entry]
 
     extra: dict[str, Any] = {
@@ -428,7 +379,9 @@ def _per_channel(cfg: OpConfig) -> bool:
 # --------------------------------------------------------------------------- dynamic
 
 
-def _dynamic_pass(model: onnx.ModelProto, ops: Mapping[str, OpConfig]) -> onnx.ModelProto:
+def _dynamic_pass(
+    model: onnx.ModelProto, ops: Mapping[str, OpConfig], options: Mapping[str, Any]
+) -> onnx.ModelProto:
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
@@ -520,3 +473,10 @@ def _weight_only_pass(
             ) from exc
         model = quantizer.model.model
     return model
+
+
+#: One pass per quantization mode that needs no calibration (static is the calibrated
+#: pass above, with latency-aware decisions); a new mode is one function and one entry.
+PASSES: dict[
+    str, Callable[[onnx.ModelProto, Mapping[str, OpConfig], Mapping[str, Any]], onnx.ModelProto]
+] = {"dynamic": _dynamic_pass, "weight_only": _weight_only_pass}

@@ -48,7 +48,7 @@ FOLLOW_OPS = frozenset(
 
 def activation_tensors(model: onnx.ModelProto, node_names: Iterable[str]) -> list[str]:
     """Non-constant float inputs and outputs of the named nodes, in graph order."""
-    from .capability import tensor_types
+    from .graph import tensor_types
 
     wanted = set(node_names)
     constants = {init.name for init in model.graph.initializer}

@@ -252,7 +252,7 @@ def _fuse_hardswish(model: onnx.ModelProto) -> int:
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    from .model_io import graph_reads
+    from .graph import graph_reads
 
     graph = model.graph
     used = graph_reads(graph)
