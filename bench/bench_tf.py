@@ -23,6 +23,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -138,7 +139,7 @@ def keras_run(model: Any, batch: np.ndarray, iters: int) -> Callable[[], float]:
     return run
 
 
-def latency_rows(size: int, rounds: int, iters: int) -> list[dict[str, Any]]:
+def latency_rows(size: int, rounds: int, iters: int, workdir: Path) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     rows = []
     for name, build in nets(size).items():
@@ -151,11 +152,14 @@ def latency_rows(size: int, rounds: int, iters: int) -> list[dict[str, Any]]:
         models = {which: qmodel for which, (qmodel, _) in made.items()}
         prepare_s = time.perf_counter() - start
         found = {w: pm.quantized_ops("tf", m) for w, m in models.items()}
+        float_file = pm.save_model("tf", model, workdir / f"{name}-float.tflite")
         for batch_size in (1, 8):
             batch = rng.random((batch_size, size, size, 3), dtype=np.float32)
             runs = {
                 "keras": keras_run(model, batch, iters),
-                "float": litert_run(model, batch, iters),
+                # The float .tflite file: pm.evaluate on the Keras model would time the
+                # faster of Keras and LiteRT (lpq's fp32 baseline), not LiteRT alone.
+                "float": litert_run(float_file, batch, iters),
             }
             runs.update({w: litert_run(m, batch, iters) for w, m in models.items()})
             ms = interleaved(runs, rounds)
@@ -287,7 +291,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tf.json")
     args = parser.parse_args()
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}, 1 thread", flush=True)
-    latency = latency_rows(args.size, args.rounds, args.iters)
+    with tempfile.TemporaryDirectory() as workdir:
+        latency = latency_rows(args.size, args.rounds, args.iters, Path(workdir))
     real = [] if args.no_mediapipe else mediapipe_rows(args.rounds * 2, args.iters)
     accuracy = accuracy_rows()
     print_tables(latency, real, accuracy)

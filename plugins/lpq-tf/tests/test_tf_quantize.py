@@ -155,3 +155,18 @@ def test_inspected_int8_activations_track_fp32_under_keras_names(
     # The last op's output is the model's output: a check that LiteRT kept the tensor.
     keras_logits = cnn.predict(eval_loader().inputs[:100], verbose=0)
     np.testing.assert_allclose(fp32.activations["logits"][0], keras_logits, atol=1e-4)
+
+
+def test_fp32_baseline_is_the_faster_of_keras_and_float_tflite(cnn: Any) -> None:
+    from tf_testmodels import eval_loader
+
+    from lpq_tf.model_io import prepare
+
+    measured = pm.evaluate("tf", cnn, eval_loader(), [lpq.TopK(1)], measurer=lpq.LatencyMeasurer())
+    cache = prepare(cnn).cache
+    timings = cache["fp32_runtime_ms"]
+    assert set(timings) == {"keras", "litert"} and all(ms > 0 for ms in timings.values())
+    assert cache["fp32_runtime"] == min(timings, key=timings.__getitem__)
+    assert measured.latency_ms is not None and measured.latency_ms > 0
+    # Both forms compute the same model: the accuracy does not depend on the choice.
+    assert measured.accuracy == pm.evaluate("tf", cnn, eval_loader(), [lpq.TopK(1)]).accuracy
