@@ -217,3 +217,17 @@ def lpq_load_model(framework: str, path: Path) -> Any:
     if framework != FRAMEWORK:
         return None
     return _load(path)
+
+
+def register_for_test(lpq_plugin: Any, folder: Path, monkeypatch: Any) -> Any:
+    """Register this module with ``lpq_plugin`` for one test (its YAML written to
+    ``folder``); returns the module."""
+    import sys
+
+    module = sys.modules[__name__]
+    capability = folder / "npq.yaml"
+    capability.write_text(CAPABILITY_YAML)
+    monkeypatch.setattr(module, "CAPABILITY", capability)
+    monkeypatch.delenv("NPQ_BUG", raising=False)
+    lpq_plugin(module, name="npq")
+    return module

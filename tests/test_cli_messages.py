@@ -244,3 +244,37 @@ def test_data_passes_are_reported_while_they_run(digits, tmp_path):
     assert (20, 40) in calibration and (40, 40) in calibration
     evaluated = max(done for stage, done, _ in seen if stage == "evaluation")
     assert evaluated == evaluation.num_samples
+
+
+def test_quantize_counts_the_ops_the_model_runs_quantized(
+    lpq_plugin, tmp_path, capsys, monkeypatch
+):
+    """The count comes from the converted model (lpq_quantized_ops), not from the plan."""
+    import npq_adaptor
+
+    npq = npq_adaptor.register_for_test(lpq_plugin, tmp_path, monkeypatch)
+
+    class AllFloat:  # an adaptor that silently left every op in float
+        @lpq.hookimpl
+        def lpq_quantized_ops(self, framework, model):
+            return {"fc1": "fp32", "fc2": "fp32"} if framework == "npq" else None
+
+    pm = lpq_plugin(AllFloat(), name="all-float")
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.normal(size=(8, 16)), "w2": rng.normal(size=(16, 4))}
+    model = pm.save_model("npq", npq.NpqModel(weights), tmp_path / "m")
+    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(16, 8)).astype(np.float32))
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "--calib",
+            str(tmp_path / "calib.npz"),
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "quantized 0 of 2 ops (read from the model; npq)" in out
+    assert "the configuration quantizes 2 op(s), but the converted model runs all of them" in out

@@ -21,12 +21,7 @@ def npq(lpq_plugin, tmp_path: Path, monkeypatch):
     """The numpy adaptor with real int8 rounding (see npq_adaptor.py), for this test."""
     import npq_adaptor
 
-    capability = tmp_path / "npq.yaml"
-    capability.write_text(npq_adaptor.CAPABILITY_YAML)
-    monkeypatch.setattr(npq_adaptor, "CAPABILITY", capability)
-    monkeypatch.delenv("NPQ_BUG", raising=False)
-    lpq_plugin(npq_adaptor, name="npq")
-    return npq_adaptor
+    return npq_adaptor.register_for_test(lpq_plugin, tmp_path, monkeypatch)
 
 
 def outlier_case(npq):

@@ -162,6 +162,7 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     """
     from ..api import quantize
     from ..eval.data import load_npz
+    from ..tuning.runner import op_counts
     from .console import make_console
 
     console = make_console()
@@ -169,10 +170,20 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     result = quantize(_model_arg(model), _build_config(kw), calib_data)
     target = Path(out) if out else _default_out(result.framework, Path(model).stem)
     written = result.save(target)
-    ops = result.tune_cfg.ops.values()
-    quantized = sum(c.quantized for c in ops)
-    console.print(f"quantized {quantized} of {len(ops)} ops ({result.framework}); wrote {written}")
-    if not quantized:
+    quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
+    counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
+    console.print(
+        f"quantized {quantized} of {quantized + fallback} ops ({counted}; {result.framework}); "
+        f"wrote {written}"
+    )
+    planned = len(result.tune_cfg.quantized_ops())
+    if not quantized and planned:
+        console.print(
+            f"[yellow]warning[/]: the configuration quantizes {planned} op(s), but the "
+            f"converted model runs all of them in float: the {result.framework} adaptor left "
+            "them (its documentation says when it does)"
+        )
+    elif not quantized:
         console.print(
             "[yellow]warning[/]: no op was quantized with these options; "
             f"`lpq capability show {result.framework}` lists what each op type supports"
