@@ -61,8 +61,12 @@ pm = lpq.get_plugin_manager()
 def nets(size: int) -> dict[str, Callable[[], Any]]:
     shape = (size, size, 3)
     return {
-        "mobilenet_v2": lambda: keras.applications.MobileNetV2(input_shape=shape, weights=None),
-        "resnet50": lambda: keras.applications.ResNet50(input_shape=shape, weights=None),
+        "mobilenet_v2": lambda: keras.applications.MobileNetV2(
+            input_shape=shape, weights=None, classifier_activation=None
+        ),
+        "resnet50": lambda: keras.applications.ResNet50(
+            input_shape=shape, weights=None, classifier_activation=None
+        ),
     }
 
 
@@ -106,6 +110,29 @@ def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, 
         for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(runs[name]())
     return {name: float(np.median(values)) for name, values in times.items()}
+
+
+def outputs(model: Any, batch: np.ndarray) -> np.ndarray:
+    recorder: list[np.ndarray] = []
+
+    class Keep:
+        name, higher_is_better = "keep", True
+
+        def reset(self) -> None:
+            recorder.clear()
+
+        def update(self, preds: Any, labels: Any) -> None:
+            recorder.append(np.asarray(preds))
+
+        def result(self) -> float:
+            return 0.0
+
+    pm.evaluate("tf", model, lpq.ArrayLoader(batch, batch_size=len(batch)), [Keep()])
+    return recorder[0]
+
+
+def rel_error(reference: np.ndarray, other: np.ndarray) -> float:
+    return float(np.linalg.norm(other - reference) / np.linalg.norm(reference))
 
 
 def litert_run(model: Any, batch: np.ndarray, iters: int) -> Callable[[], float]:
@@ -163,6 +190,8 @@ def latency_rows(size: int, rounds: int, iters: int, workdir: Path) -> list[dict
             }
             runs.update({w: litert_run(m, batch, iters) for w, m in models.items()})
             ms = interleaved(runs, rounds)
+            reference = outputs(float_file, batch)
+            errors = {w: rel_error(reference, outputs(m, batch)) for w, m in models.items()}
             row = {
                 "model": name,
                 "input": f"{size}x{size}x3",
@@ -172,6 +201,7 @@ def latency_rows(size: int, rounds: int, iters: int, workdir: Path) -> list[dict
                 "int8_vs_keras": ms["keras"] / ms["int8"],
                 "ops_int8": {w: sum(p != "fp32" for p in f.values()) for w, f in found.items()},
                 "ops_total": len(found["int8"]),
+                "rel_l2_error_vs_float": errors,
                 "kept_fp32_no_kernel": {w: fb for w, (_, fb) in made.items() if fb},
                 "quantize_s": prepare_s,
             }
@@ -230,6 +260,7 @@ def mediapipe_rows(rounds: int, iters: int) -> list[dict[str, Any]]:
         int8, kept = quantized(path, calib, "int8")
         found = pm.quantized_ops("tf", int8)
         batch = rng.random((1, *shape[1:]), dtype=np.float32)
+        error = rel_error(outputs(path, batch), outputs(int8, batch))
         ms = interleaved(
             {"float": litert_run(path, batch, iters), "int8": litert_run(int8, batch, iters)},
             rounds,
@@ -245,6 +276,7 @@ def mediapipe_rows(rounds: int, iters: int) -> list[dict[str, Any]]:
                 "ops_int8": sum(p != "fp32" for p in found.values()),
                 "ops_total": len(found),
                 "kept_fp32_no_kernel": kept,
+                "rel_l2_error_vs_float": error,
             }
         )
         print(f"  {name}: float {ms['float']:.2f} ms, int8 {ms['int8']:.2f} ms", flush=True)
@@ -264,15 +296,22 @@ def accuracy_rows() -> list[dict[str, Any]]:
 
 
 def print_tables(latency: list[dict[str, Any]], real: list[dict[str, Any]], acc: list[Any]) -> None:
-    print("\n| model | batch | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | int8 vs float |")
-    print("|---|---|" + "---|" * len(VARIANTS) + "---|")
+    print(
+        "\n| model | batch | "
+        + " | ".join(f"{v} ms" for v in VARIANTS)
+        + " | int8 vs float | int8 rel. error |"
+    )
+    print("|---|---|" + "---|" * len(VARIANTS) + "---|---|")
     for r in latency:
         cells = " | ".join(f"{r[f'{v}_ms']:.2f}" for v in VARIANTS)
-        print(f"| {r['model']} {r['input']} | {r['batch']} | {cells} | {r['int8_vs_float']:.2f}x |")
+        print(
+            f"| {r['model']} {r['input']} | {r['batch']} | {cells} | "
+            f"{r['int8_vs_float']:.2f}x | {r['rel_l2_error_vs_float']['int8']:.3f} |"
+        )
     for r in real:
         print(
             f"| {r['model']} {r['input']} | 1 | - | {r['float_ms']:.2f} | {r['int8_ms']:.2f} "
-            f"| - | - | {r['int8_vs_float']:.2f}x |"
+            f"| - | - | {r['int8_vs_float']:.2f}x | {r['rel_l2_error_vs_float']:.3f} |"
         )
     print("\n| digits CNN | fp32 top-1 | top-1 | delta |")
     print("|---|---|---|---|")
