@@ -98,31 +98,23 @@ def quantize(
                 "static quantization needs calibration data, but none was given",
                 hint="pass calibration data, or use dynamic / weight-only quantization",
             )
-        from .capability import load_spec
-
-        chosen = recipes.requested(tune_cfg.options)
-        if chosen:
-            base = recipes.apply(
-                base,
-                tune_cfg.options,
-                lambda: ranges.limited_feeds(
-                    prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
-                ),
-                groups["static"],
-            )
-            model_key = f"{prepared.key}|{json.dumps(chosen, sort_keys=True, default=str)}"
-            work = model_io.copy_model(base)
-        candidates = ranges.calibration_candidates(base, load_spec().quantizable_op_types())
         from .calibration import memory_budget
+        from .capability import load_spec
+        from .fallback import read_float_inputs
 
-        stats = ranges.statistics(
-            base,
-            model_key,
-            candidates,
-            calib_dataloader,
-            tune_cfg.calib_sampling_size,
-            memory_budget_bytes=memory_budget(tune_cfg.options),
-        )
+        op_types = load_spec().quantizable_op_types()
+
+        def calibrate(model: onnx.ModelProto, key: str) -> CalibrationStats:
+            return ranges.statistics(
+                model,
+                key,
+                ranges.calibration_candidates(model, op_types),
+                calib_dataloader,
+                tune_cfg.calib_sampling_size,
+                memory_budget_bytes=memory_budget(tune_cfg.options),
+            )
+
+        stats = calibrate(base, model_key)
         float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
 
         def build(fp32_ops: frozenset[str], form: str) -> onnx.ModelProto:
@@ -130,11 +122,10 @@ def quantize(
             built = model_io.copy_model(base)
             if static:
                 built, _ = _static_pass(built, static, tune_cfg, stats, form)
-            from .fallback import read_float_inputs
-
             return read_float_inputs(built, base, [*float_ops, *fp32_ops])
 
         if latency.enabled(tune_cfg.options):
+            # Decided on the plain model: the recipes change values, not the graph's shape.
             decision = _latency_decision(
                 prepared, tune_cfg, groups["static"], calib_dataloader, fmt, build
             )
@@ -147,10 +138,21 @@ def quantize(
                 groups["static"].pop(name, None)
         if fmt == "auto":
             fmt = "qdq"
+        chosen = recipes.requested(tune_cfg.options)
+        if chosen and groups["static"]:  # only for the ops that stay int8
+            base = recipes.apply(
+                base,
+                tune_cfg.options,
+                lambda: ranges.limited_feeds(
+                    prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
+                ),
+                groups["static"],
+            )
+            model_key = f"{prepared.key}|{json.dumps(chosen, sort_keys=True, default=str)}"
+            work = model_io.copy_model(base)
+            stats = calibrate(base, model_key)
         if groups["static"]:
             work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
-        from .fallback import read_float_inputs
-
         fp32_now = [name for (name, _), cfg in effective.ops.items() if not cfg.quantized]
         work = read_float_inputs(work, base, fp32_now)
     for mode, run_pass in PASSES.items():  # modes that need no calibration
