@@ -32,12 +32,17 @@ def threads(options: dict[str, Any]) -> int | None:
     return int(value) if value not in (None, "") else None
 
 
-def _keras_call(model: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    from .tfenv import import_tf
+def _keras_call(prepared: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """The Keras model as one ``tf.function`` per prepared model (traced once per shape)."""
+    if "keras_call" not in prepared.cache:
+        from .tfenv import import_tf
 
-    tf = import_tf()
-    graph = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs), training=False))
-    return lambda arrays: [np.asarray(graph(*arrays))]
+        tf = import_tf()
+        model = prepared.keras_model
+        graph = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs), training=False))
+        prepared.cache["keras_call"] = lambda arrays: [np.asarray(graph(*arrays))]
+    call: Callable[[list[np.ndarray]], list[np.ndarray]] = prepared.cache["keras_call"]
+    return call
 
 
 def _best_ms(call: Callable[[list[np.ndarray]], Any], arrays: list[np.ndarray]) -> float:
@@ -56,7 +61,7 @@ def fp32_runtime(prepared: Any, runner: Runner, arrays: list[np.ndarray]) -> str
         choice, timings = "litert", {}
         if prepared.keras_model is not None and len(runner.outputs) == 1:
             timings = {
-                "keras": _best_ms(_keras_call(prepared.keras_model), arrays),
+                "keras": _best_ms(_keras_call(prepared), arrays),
                 "litert": _best_ms(runner.run, arrays),
             }
             choice = min(timings, key=timings.__getitem__)
@@ -90,7 +95,7 @@ def evaluate(
     if prepared is not None and measurer is not None:
         first = next(batches)
         if fp32_runtime(prepared, runner, first[0]) == "keras":
-            call = _keras_call(prepared.keras_model)
+            call = _keras_call(prepared)
         batches = _chain(first, batches)
 
     def run(arrays: list[np.ndarray]) -> Any:

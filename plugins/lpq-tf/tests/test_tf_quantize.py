@@ -85,10 +85,11 @@ def test_original_keras_model_is_not_modified(cnn: Any, cnn_capability: Any) -> 
         np.testing.assert_array_equal(a, b.numpy())
 
 
-def test_int8_io_model_takes_float_data(cnn: Any, cnn_capability: Any, cnn_fp32_accuracy: float):
-    cfg = config_for(cnn_capability, "int8", "static")
-    cfg.options["io_dtype"] = "int8"
-    qmodel = pm.quantize("tf", cnn, cfg, calib_loader())
+def test_int8_io_backend_profile_makes_an_integer_only_model(
+    cnn: Any, cnn_fp32_accuracy: float
+) -> None:
+    conf = lpq.PostTrainingQuantConfig(approach="static", backend="tflite-int8-io")
+    qmodel = lpq.quantize(cnn, conf, calib_loader()).model
     parsed = graph.read(qmodel.content)
     assert parsed.tensors[parsed.inputs[0]].dtype == np.int8
     assert parsed.tensors[parsed.outputs[0]].dtype == np.int8
