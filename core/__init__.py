@@ -15,12 +15,20 @@ from .errors import (
     ConfigError,
     DataError,
     LpqError,
+    LpqWarning,
     ModelError,
     NoAdaptorError,
     PluginError,
     TuningError,
 )
-from .eval.data import ArrayLoader, batch_size, load_npz, split_batch, take_samples
+from .eval.data import (
+    ArrayLoader,
+    OutputRecorder,
+    batch_size,
+    load_npz,
+    split_batch,
+    take_samples,
+)
 from .eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, evaluate_batches
 from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
@@ -122,11 +130,13 @@ __all__ = [
     "Inspection",
     "LatencyMeasurer",
     "LpqError",
+    "LpqWarning",
     "Metric",
     "ModelError",
     "NoAdaptorError",
     "OpConfig",
     "OpKey",
+    "OutputRecorder",
     "PluginError",
     "PluginManager",
     "PostTrainingQuantConfig",

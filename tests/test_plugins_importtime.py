@@ -16,7 +16,19 @@ import sys
 import pytest
 from core_testutil import FakeSite, repo_plugins
 
-FRAMEWORKS = ("torch", "torchao", "tensorflow", "keras", "onnxruntime", "onnx", "mxnet", "jax")
+FRAMEWORKS = (
+    "torch",
+    "torchao",
+    "tensorflow",
+    "keras",
+    "ai_edge_litert",
+    "ai_edge_quantizer",
+    "onnxruntime",
+    "onnx",
+    "mxnet",
+    "jax",
+    "ray",
+)
 
 
 def imported_modules(args: list[str], env: dict[str, str]) -> tuple[set[str], str]:
