@@ -1,9 +1,9 @@
 """Save/load of (quantized) models as ``torch.export`` archives (``.pt2``).
 
-Saving re-exports the model (for a quantized one: the converted PT2E graph, with folded
-int8 weights and calibrated scales baked in) and writes it with ``torch.export.save`` into
-a temporary file that is moved into place (atomic). The tune_cfg is stored beside the
-program as an extra JSON file.
+Saving exports the model (for a quantized one: the converted PT2E graph, with folded
+int8 weights and calibrated scales baked in; an fp32 model reuses the run's export) and
+writes it with ``torch.export.save`` into a temporary file that is moved into place
+(atomic). The tune_cfg is stored beside the program as an extra JSON file.
 
 Loading uses ``torch.export.load`` - but only after :func:`check_archive` has vetted the
 file, because ``torch.export.load`` itself is *not* pickle-free: it unpickles weights or
@@ -45,7 +45,10 @@ def save(model: Any, path: Path) -> Path:
             hint="save a model returned by lpq's quantize, or query its capability first",
         )
     target = path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
-    program = prepare.export(module, example)
+    if hasattr(module, TUNE_CFG_ATTR) or isinstance(module, torch.fx.GraphModule):
+        program = prepare.export(module, example)  # a converted graph: export it as it is
+    else:
+        program = prepare.exported_program(module, example)  # the run's fp32 export
     meta = {"format": "lpq-torch/1", "tune_cfg": getattr(module, TUNE_CFG_ATTR, None)}
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a private folder beside the target under the final file name (the

@@ -72,18 +72,29 @@ def exported(model: torch.nn.Module, args: CallArgs, *, copy_graph: bool = True)
     :param copy_graph: return a deep copy (callers that insert observers or casts change
         the graph); ``False`` for read-only use (capability query, inspection).
     """
-    _refuse_inference_weights(model)
-    key = _cache_key(model, at_least_two(args))
-    found = state.current().exports.get(model)
-    if found is None or found.key != key:
-        found = Exported(key, export(model, args).module())
-        with contextlib.suppress(TypeError):  # a module that refuses weak references
-            state.current().exports[model] = found
+    found = _exported(model, args)
     if not copy_graph:
         return found.graph
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own pytree deprecation, from deepcopy
         return copy.deepcopy(found.graph)
+
+
+def exported_program(model: torch.nn.Module, args: CallArgs) -> torch.export.ExportedProgram:
+    """The run's export of ``model`` as a program (what ``torch.export.save`` writes)."""
+    return _exported(model, args).program
+
+
+def _exported(model: torch.nn.Module, args: CallArgs) -> Exported:
+    _refuse_inference_weights(model)
+    key = _cache_key(model, at_least_two(args))
+    found = state.current().exports.get(model)
+    if found is None or found.key != key:
+        program = export(model, args)
+        found = Exported(key, program, program.module())
+        with contextlib.suppress(TypeError):  # a module that refuses weak references
+            state.current().exports[model] = found
+    return found
 
 
 def _cache_key(model: torch.nn.Module, args: CallArgs) -> tuple[Any, ...]:

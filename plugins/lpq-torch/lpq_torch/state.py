@@ -28,7 +28,8 @@ class Exported:
     """One export of an fp32 model, valid while its weights are unchanged."""
 
     key: tuple[Any, ...]
-    graph: torch.fx.GraphModule
+    program: torch.export.ExportedProgram
+    graph: torch.fx.GraphModule  # program.module(): what quantization starts from
 
 
 @dataclass
