@@ -246,7 +246,7 @@ class _Emitter:
             attrs = {"axis": spec.axis} if per_channel else {}
             self.emit("DequantizeLinear", inputs, [name], f"{name}_DequantizeLinear", **attrs)
             self.names[node] = name
-            self.record(name, module, "weight")
+            self.record(name, module, "bias" if name.endswith(".bias") else "weight")
             return
         tensor = self.value(source)
         scale_name = self.add_init(f"{tensor}_scale", scale.reshape(()))
@@ -480,7 +480,7 @@ def _binary(op_type: str) -> Translation:
             scaled = e.fresh(f"{node.name}_alpha")
             e.emit("Mul", [other, e.const(float(alpha))], [scaled], scaled)
             other = scaled
-        e.emit(op_type, [e.value(kw["self"]), other], [node.name], name)
+        e.emit(op_type, [e.value(kw.get("input", kw.get("self"))), other], [node.name], name)
 
     return translate
 

@@ -135,20 +135,15 @@ class LSQ(torch.autograd.Function):
         shifted = v + z
         below, above = shifted < qmin, shifted > qmax
         inside = ~(below | above)
-        d_scale = torch.where(inside, rounded - v, torch.where(below, qmin - z, qmax - z))
-        d_zero = torch.where(inside, torch.zeros_like(v), -s.expand_as(v))
-        like_s = torch.empty(scale_shape)
-        like_z = torch.empty(zp_shape)
-        return (
-            grad * inside,
-            _sum_to(grad * d_scale, like_s, axis) * grad_scale,
-            _sum_to(grad * d_zero, like_z, axis) * grad_scale,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        grad_x = grad * inside if ctx.needs_input_grad[0] else None
+        grad_s = grad_z = None
+        if ctx.needs_input_grad[1]:
+            d_scale = torch.where(inside, rounded - v, torch.where(below, qmin - z, qmax - z))
+            grad_s = _sum_to(grad * d_scale, torch.empty(scale_shape), axis) * grad_scale
+        if ctx.needs_input_grad[2]:
+            d_zero = (grad * ~inside) * -s
+            grad_z = _sum_to(d_zero, torch.empty(zp_shape), axis) * grad_scale
+        return grad_x, grad_s, grad_z, None, None, None, None, None
 
 
 class PACT(torch.autograd.Function):

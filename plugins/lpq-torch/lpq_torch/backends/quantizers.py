@@ -138,7 +138,9 @@ class FakeQuantizer(nn.Module):
             self.alpha = nn.Parameter((self.scale * levels).reshape(1).clone())
         else:
             self.learned_scale = nn.Parameter(self.scale.clone())
-            self.learned_zero_point = nn.Parameter(self.zero_point.clone())
+            self.learned_zero_point = nn.Parameter(
+                self.zero_point.clone(), requires_grad=method == "lsq_plus"
+            )
         self.mode = "learn"
 
     def _pact_fits(self) -> bool:

@@ -335,6 +335,19 @@ def fold_batch_norm(gm: torch.fx.GraphModule) -> int:
     return folded
 
 
+def drop_unused_tensors(gm: torch.fx.GraphModule) -> None:
+    """Delete the model tensors no node reads any more (the weights and statistics batch
+    norm was folded from), keeping the quantizers' own state."""
+    used = {str(node.target) for node in gm.graph.nodes if node.op == "get_attr"}
+    for name, _ in [*gm.named_parameters(), *gm.named_buffers()]:
+        owner_path, _, leaf = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        if name in used or isinstance(owner, FakeQuantizer | BiasQuantizer):
+            continue
+        if hasattr(owner, leaf):
+            delattr(owner, leaf)
+
+
 def _attr(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
     value: Any = gm
     for part in str(node.target).split("."):
@@ -349,6 +362,7 @@ def build(gm: torch.fx.GraphModule, scheme: Any, tune_cfg: TuneConfig) -> torch.
     _Builder(gm, scheme, tune_cfg).run()
     gm.graph.lint()
     gm.recompile()
+    drop_unused_tensors(gm)
     setattr(gm, BACKEND_ATTR, {"scheme": scheme.to_json()})
     return gm
 
