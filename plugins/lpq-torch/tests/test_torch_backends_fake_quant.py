@@ -121,10 +121,10 @@ def test_observers_stream_and_pick_ranges() -> None:
         minmax.observe(batch)
         hist.observe(batch)
     hist.observe(torch.tensor([50.0]))  # one outlier stretches the range ...
-    low, high = hist.percentile_range()
+    _low, high = hist.percentile_range()
     assert float(high) < 5.0 < float(hist.range()[1])  # ... the percentile ignores it
     assert hist.counts.sum() == 10001  # nothing lost re-binning
-    mse_low, mse_high = hist.mse_range()
+    _mse_low, mse_high = hist.mse_range()
     assert float(mse_high) < 50.0
 
 

@@ -110,7 +110,7 @@ def test_scheme_constraints_hold_in_the_simulation(deployed: dict[str, Any], bac
             assert torch.all(torch.log2(scale) == torch.round(torch.log2(scale))), node.name
         assert q.spec.rounding == rule.rounding
     # Placement: where the scheme quantizes.
-    last = [n for n in sim.graph.nodes if n.op == "output"][0].args[0][0]
+    last = next(n for n in sim.graph.nodes if n.op == "output").args[0][0]
     if scheme.placement == "outputs":
         assert last.op == "call_module", "every tensor, the output too, is quantized"
     else:

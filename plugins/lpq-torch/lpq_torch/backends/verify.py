@@ -65,9 +65,9 @@ def _activation_quantizers(sim: torch.fx.GraphModule) -> dict[str, tuple[str, Fa
             continue
         module = sim.get_submodule(str(node.target))
         source = node.args[0]
-        if isinstance(module, FakeQuantizer) and isinstance(source, torch.fx.Node):
-            if source.op != "get_attr":
-                found[node.name] = (source.name, module)
+        constant = isinstance(source, torch.fx.Node) and source.op == "get_attr"
+        if isinstance(module, FakeQuantizer) and isinstance(source, torch.fx.Node) and not constant:
+            found[node.name] = (source.name, module)
     return found
 
 
