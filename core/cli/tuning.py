@@ -71,6 +71,12 @@ _QUANT_OPTIONS = [
     ),
     click.option("--backend", help="Backend profile name (see the adaptor's docs)."),
     click.option(
+        "--latency-aware/--no-latency-aware",
+        default=None,
+        help="Keep in fp32 what int8 makes slower on this machine (adaptors that measure "
+        "it, e.g. onnxrt). Default: on for `quantize`, searched by `tune`.",
+    ),
+    click.option(
         "--capability",
         "capability_files",
         multiple=True,
@@ -132,6 +138,7 @@ def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) 
         backend=kw.get("backend"),
         framework=kw.get("framework"),
         capability_files=list(kw.get("capability_files") or ()),
+        latency_aware=kw.get("latency_aware"),
         **extra,
     )
 
