@@ -207,3 +207,17 @@ def test_example_digits_runs_end_to_end(tmp_path):
     assert summary["goal_met"] and summary["final_accuracy"] >= 0.9
     assert summary["quantized_ops"] > 0
     assert Path(summary["model"]).exists()
+
+
+def test_default_output_name_drops_the_adaptors_own_suffix(tmp_path):
+    from lpq import ConfigError
+    from lpq.cli.tuning import _default_out, _model_arg
+
+    assert _default_out("mxnet", "out/net-symbol.json").name == "net-quantized-symbol.json"
+    assert _default_out("onnxrt", "a/b/model.onnx").name == "model-quantized.onnx"
+    # An MXNet export named by its prefix is a model although no file has that name.
+    (tmp_path / "net-symbol.json").write_text('{"nodes": [], "arg_nodes": [], "heads": []}')
+    (tmp_path / "net-0000.params").write_bytes(b"\x12\x01\x00\x00\x00\x00\x00\x00")
+    assert _model_arg(str(tmp_path / "net")) == str(tmp_path / "net")
+    with pytest.raises(ConfigError, match="does not exist"):
+        _model_arg(str(tmp_path / "other"))

@@ -144,15 +144,28 @@ def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) 
 
 
 def _model_arg(model: str) -> str:
+    """The model path; one that is not a file may still name a model (an MXNet export's
+    prefix, a SavedModel folder) if an installed adaptor recognises it."""
     if not Path(model).exists():
-        raise ConfigError(f"model {model} does not exist", hint="check the path")
+        from ..errors import NoAdaptorError
+        from ..plugins.manager import get_plugin_manager
+
+        try:
+            get_plugin_manager().detect_framework(model)
+        except NoAdaptorError:
+            raise ConfigError(f"model {model} does not exist", hint="check the path") from None
     return model
 
 
-def _default_out(framework: str, stem: str) -> Path:
+def _default_out(framework: str, model: str) -> Path:
+    """``<name>-quantized<suffix>`` beside the current folder, where ``<name>`` is the
+    model's file name without the adaptor's own suffix (``net-symbol.json`` -> ``net``)."""
     from ..plugins.manager import get_plugin_manager
 
     suffixes = get_plugin_manager().adaptor(framework).model_suffixes
+    name = Path(model).name
+    own = next((s for s in suffixes if name.endswith(s) and name != s), None)
+    stem = name[: -len(own)] if own else Path(model).stem
     return Path(f"{stem}-quantized{suffixes[0] if suffixes else ''}")
 
 
@@ -175,7 +188,7 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     console = make_console()
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
     result = quantize(_model_arg(model), _build_config(kw), calib_data)
-    target = Path(out) if out else _default_out(result.framework, Path(model).stem)
+    target = Path(out) if out else _default_out(result.framework, model)
     written = result.save(target)
     quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
     counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
@@ -420,7 +433,7 @@ def _run_tuning(
         console,
         trials_table(result.baseline, result.trials, result.best.index, result.latency_batch_size),
     )
-    target = Path(out) if out else _default_out(result.framework, Path(model).stem)
+    target = Path(out) if out else _default_out(result.framework, model)
     written = result.save(target)
     summary = {**result.summary(), "model": str(written), "tune_cfg": result.tune_cfg.to_json()}
     folder = result.history_path.parent if result.history_path else Path(workspace)
