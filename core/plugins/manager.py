@@ -382,6 +382,14 @@ class PluginManager:
         result = self._pm.hook.lpq_quantized_ops(framework=framework, model=model)
         return dict(result) if result is not None else None
 
+    def implements(self, hook_name: str) -> bool:
+        """Whether any loaded plugin implements ``hook_name`` (for optional hooks)."""
+        self.load()
+        return any(
+            impl.plugin_name != "lpq-builtin"
+            for impl in getattr(self._pm.hook, hook_name).get_hookimpls()
+        )
+
     def set_tensor(self, framework: str, model: Any, tensor_name: str, value: Any) -> Any:
         return self._dispatch(
             "lpq_set_tensor", framework, model=model, tensor_name=tensor_name, value=value

@@ -305,6 +305,57 @@ class AdaptorConformance:
                 np.asarray(_first(b)), np.asarray(_first(a)), rtol=1e-5, atol=1e-5
             )
 
+    # ------------------------------------------------------------------ optional hooks
+    # An adaptor may leave these out; then the facade must say so (NoAdaptorError), which
+    # is what these tests check instead of skipping.
+
+    def test_set_tensor_writes_a_weight_and_leaves_the_callers_model(
+        self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
+    ) -> None:
+        names = [name for name, _ in capability.opwise]
+        weights = pm.inspect_tensor(
+            self.framework, lpq_sample_model, lpq_sample_data, names, "weight", 1
+        ).weights
+        op, tensors = next((op, t) for op, t in weights.items() if t)
+        tensor, value = next(iter(tensors.items()))
+        if not pm.implements("lpq_set_tensor"):
+            with pytest.raises(NoAdaptorError):
+                pm.set_tensor(self.framework, lpq_sample_model, tensor, value)
+            return
+        halved = (np.asarray(value) * 0.5).astype(np.asarray(value).dtype)
+        edited = pm.set_tensor(self.framework, lpq_sample_model, tensor, halved)
+        after = pm.inspect_tensor(self.framework, edited, lpq_sample_data, [op], "weight", 1)
+        np.testing.assert_allclose(after.weights[op][tensor], halved, rtol=1e-6, atol=1e-7)
+        before = pm.inspect_tensor(
+            self.framework, lpq_sample_model, lpq_sample_data, [op], "weight", 1
+        )
+        np.testing.assert_array_equal(before.weights[op][tensor], value)
+        with pytest.raises(LpqError):
+            pm.set_tensor(self.framework, lpq_sample_model, tensor, np.zeros((1, 2, 3, 4, 5)))
+
+    def test_convert_names_the_targets_it_offers(self, pm: Any, lpq_sample_model: Any) -> None:
+        if not pm.implements("lpq_convert"):
+            with pytest.raises(NoAdaptorError):
+                pm.convert(self.framework, lpq_sample_model, "onnx")
+            return
+        with pytest.raises(LpqError):
+            pm.convert(self.framework, lpq_sample_model, "no-such-target")
+
+    def test_quantize_input_gives_a_model_or_says_why_not(
+        self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
+    ) -> None:
+        qmodel = self._quantize(pm, capability, lpq_sample_model, lpq_sample_data)
+        if not pm.implements("lpq_quantize_input"):
+            with pytest.raises(NoAdaptorError):
+                pm.quantize_input(self.framework, qmodel, {})
+            return
+        try:
+            integer = pm.quantize_input(self.framework, qmodel, {"outputs": False})
+        except LpqError as exc:  # e.g. the model's first op stays in float
+            assert exc.hint, "say what to do instead"
+            return
+        assert integer is not None and integer is not qmodel
+
     # ------------------------------------------------------------------ errors
 
     def test_empty_data_is_a_clear_error(self, pm: Any, lpq_sample_model: Any) -> None:
