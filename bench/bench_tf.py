@@ -113,6 +113,7 @@ def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, 
 
 
 def outputs(model: Any, batch: np.ndarray) -> np.ndarray:
+    """The model's (first) output for one batch, through pm.evaluate."""
     recorder: list[np.ndarray] = []
 
     class Keep:
@@ -122,7 +123,7 @@ def outputs(model: Any, batch: np.ndarray) -> np.ndarray:
             recorder.clear()
 
         def update(self, preds: Any, labels: Any) -> None:
-            recorder.append(np.asarray(preds))
+            recorder.append(np.asarray(preds[0] if isinstance(preds, list) else preds))
 
         def result(self) -> float:
             return 0.0
@@ -327,11 +328,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3, help="timed batches per call")
     parser.add_argument("--no-mediapipe", action="store_true")
+    parser.add_argument("--no-nets", action="store_true", help="skip the Keras nets")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tf.json")
     args = parser.parse_args()
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}, 1 thread", flush=True)
     with tempfile.TemporaryDirectory() as workdir:
-        latency = latency_rows(args.size, args.rounds, args.iters, Path(workdir))
+        latency = (
+            [] if args.no_nets else latency_rows(args.size, args.rounds, args.iters, Path(workdir))
+        )
     real = [] if args.no_mediapipe else mediapipe_rows(args.rounds * 2, args.iters)
     accuracy = accuracy_rows()
     print_tables(latency, real, accuracy)
