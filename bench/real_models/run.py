@@ -262,6 +262,34 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[dict[str, Any]]) -> str:
+    """One line per model and batch: lpq against the fastest and the most faithful peer."""
+    lines = [
+        "| model | batch | fp32 ms | lpq defaults | lpq accurate | fastest peer "
+        "| most faithful peer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(row: dict[str, Any] | None, name: bool = False) -> str:
+        if row is None:
+            return "-"
+        label = f"{row['variant']}: " if name else ""
+        return f"{label}{row['speedup']:.2f}x, {row['fidelity']:.3f}"
+
+    for result in results:
+        for batch in sorted({row["batch"] for row in result["rows"]}):
+            rows = {r["variant"]: r for r in result["rows"] if r["batch"] == batch}
+            peers = [r for v, r in rows.items() if not v.startswith(("lpq", "fp32"))]
+            fastest = max(peers, key=lambda r: r["speedup"], default=None)
+            faithful = max(peers, key=lambda r: (r["fidelity"], r["speedup"]), default=None)
+            lines.append(
+                f"| {result['model']} ({result['metric']}) | {batch} | {rows['fp32']['ms']:.2f} | "
+                f"{cell(rows.get('lpq defaults'))} | {cell(rows.get('lpq accurate'))} | "
+                f"{cell(fastest, True)} | {cell(faithful, True)} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -274,12 +302,20 @@ def main() -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="quantize again even where an earlier run did"
     )
+    parser.add_argument(
+        "--report", action="store_true", help="only print the tables from the saved JSON"
+    )
     parser.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.inside:  # one model, inside the bench venv
         sys.path.insert(0, str(HERE))
         bench_model(args.inside, args.quick, skip, args.fresh)
+        return
+    if args.report:
+        results = [json.loads((RESULTS / f"{key}.json").read_text()) for key in MODELS
+                   if (RESULTS / f"{key}.json").exists()]  # fmt: skip
+        print(table(results) + "\n\n" + summary(results))
         return
     ensure_venvs(with_quark="quark" not in skip)
     results = []
@@ -294,12 +330,12 @@ def main() -> None:
             results.append(json.loads(path.read_text()))
         else:
             print(f"   {key}: failed (exit {done.returncode})", flush=True)
-    text = table(results)
+    text = table(results) + "\n\n" + summary(results)
     print("\n" + text)
-    summary = ROOT / "bench" / "results" / "real_models.json"
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"threads": 1, "results": results}, indent=1, default=str))
-    print(f"\nwrote {summary}")
+    combined = ROOT / "bench" / "results" / "real_models.json"
+    combined.parent.mkdir(parents=True, exist_ok=True)
+    combined.write_text(json.dumps({"threads": 1, "results": results}, indent=1, default=str))
+    print(f"\nwrote {combined}")
 
 
 if __name__ == "__main__":
