@@ -104,11 +104,13 @@ def deploy(
     pm = get_plugin_manager()
     profile = pm.backend_profile(backend)
     framework = profile.framework
+    given = model.framework if isinstance(model, QuantizedModel) else pm.detect_framework(model)
+    if given != framework:
+        raise ConfigError(
+            f"backend profile {backend!r} is for {framework} models, but this is a {given} model",
+            hint="pick a profile of the model's framework (docs/backends.md lists them)",
+        )
     if isinstance(model, QuantizedModel):
-        if model.framework != framework:
-            raise ConfigError(
-                f"backend {backend!r} is for {framework} models, not {model.framework}"
-            )
         quantized = model.model
     elif calib_dataloader is not None or tune_cfg is not None:
         settings = dataclasses.replace(

@@ -355,6 +355,11 @@ class _Emitter:
         kind = simulate.short_name(node)
         if kind == "sym_size":
             return  # sizes for reshapes: read from the graph's shapes instead
+        if kind == "getitem":  # one output of a multi-output op (chunk, split)
+            source, index = node.args[0], node.args[1]
+            assert isinstance(source, torch.fx.Node)
+            self.names[node] = f"{self.value(source)}_{index}"
+            return
         translate = _TRANSLATIONS.get(kind)
         if translate is None:
             raise ModelError(
@@ -615,6 +620,23 @@ def _transpose(e: _Emitter, node: torch.fx.Node, kw: dict[str, Any], name: str) 
     a, b = _axis(int(kw["dim0"]), rank), _axis(int(kw["dim1"]), rank)
     perm[a], perm[b] = perm[b], perm[a]
     e.emit("Transpose", [e.value(source)], [node.name], name, perm=perm)
+
+
+@_register("chunk", "split", "split_with_sizes", "unbind")
+def _split(e: _Emitter, node: torch.fx.Node, kw: dict[str, Any], name: str) -> None:
+    source = kw.get("input", kw.get("self"))
+    axis = _axis(int(kw.get("dim", 0)), e.rank(source))
+    parts = node.meta["val"]
+    sizes = [int(part.shape[axis]) if part.dim() == e.rank(source) else 1 for part in parts]
+    outputs = [f"{node.name}_{i}" for i in range(len(parts))]
+    if simulate.short_name(node) == "unbind":
+        split = [f"{o}_kept" for o in outputs]
+        e.emit("Split", [e.value(source), e.const(sizes, np.int64)], split, name, axis=axis)
+        for kept, output in zip(split, outputs, strict=True):
+            axes = e.const([axis], np.int64)
+            e.emit("Squeeze", [kept, axes], [output], f"{output}_squeeze")
+        return
+    e.emit("Split", [e.value(source), e.const(sizes, np.int64)], outputs, name, axis=axis)
 
 
 @_register("softmax", "_softmax")

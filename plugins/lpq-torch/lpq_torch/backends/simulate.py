@@ -62,9 +62,16 @@ PASSTHROUGH = {
     "alias",
     "detach",
     "expand",
+    "chunk",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "getitem",
 }
 #: Attributes set on the simulated module.
 BACKEND_ATTR = "_lpq_backend"
+#: Node metadata: the precision the backend runs a tunable op in (``fp32``: kept float).
+PRECISION = "lpq_backend_precision"
 
 
 def short_name(node: torch.fx.Node) -> str:
@@ -258,6 +265,8 @@ class _Builder:
             if node.op != "call_function":
                 continue
             key, cfg = self.op_config(node)
+            if key is not None:
+                node.meta[PRECISION] = "fp32" if self.is_float_op(node) else cfg.precision
             if self.needs_quantized_inputs(node):
                 self.quantize_inputs(node, cfg, key)
             if cfg is not None and cfg.quantized and short_name(node) in WEIGHTED:
@@ -397,13 +406,15 @@ def _fed_by_quantizer(gm: torch.fx.GraphModule, arg: Any, depth: int = 8) -> Fak
 def quantized_ops(gm: torch.fx.GraphModule) -> dict[str, str]:
     """``lpq_quantized_ops`` for a simulated model: read from its quantizers, per op.
 
-    An op runs in integers when a quantizer feeds its weight or its first input; the
-    precision is the container of the widest such quantizer (7-bit weights are int8).
+    An op runs in integers when the backend runs it so (ops it keeps in float, such as
+    Vitis AI's matmul, stay fp32 even when their inputs come quantized) and a quantizer
+    feeds its weight or its first input; the precision is the container of the widest
+    such quantizer (7-bit weights are int8).
     """
     found: dict[str, str] = {}
     for (name, _), node in lpq_graph.quantizable_nodes(gm):
         feeding = [q for arg in node.args[:2] if (q := _fed_by_quantizer(gm, arg)) is not None]
-        if not feeding:
+        if not feeding or node.meta.get(PRECISION) == "fp32":
             found[name] = "fp32"
             continue
         bits = max(int(q.describe()["bits"]) for q in feeding)
