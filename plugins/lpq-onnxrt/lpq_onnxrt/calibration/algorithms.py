@@ -97,19 +97,29 @@ def _percentile_range(h: Histogram, symmetric: bool, levels: int, percentile: fl
 
 @register("kl")
 def _kl_range(h: Histogram, symmetric: bool, levels: int, percentile: float) -> Range:
+    return clipped_range(h, symmetric, levels, _kl_threshold)
+
+
+def clipped_range(
+    h: Histogram,
+    symmetric: bool,
+    levels: int,
+    threshold: Callable[[np.ndarray, float, int], float],
+) -> Range:
+    """The range from a clipping ``threshold(counts, bin_width, levels)`` on |x|: half the
+    levels per side for symmetric or mixed-sign data, all levels for one-signed data (e.g.
+    after ReLU); never wider than the data."""
     if h.bound == 0.0:
         return 0.0, 0.0
     one_sided = h.minimum >= 0.0 or h.maximum <= 0.0
     if symmetric or not one_sided:
-        t = _kl_threshold(h.magnitudes(), h.bin_width, levels // 2)
-        t = min(t, max(-h.minimum, h.maximum))
+        t = min(threshold(h.magnitudes(), h.bin_width, levels // 2), max(-h.minimum, h.maximum))
         if symmetric:
             return -t, t
         return max(h.minimum, -t), min(h.maximum, t)
-    # Asymmetric one-signed data (e.g. after ReLU): all levels cover one side.
     if h.minimum >= 0.0:
-        return 0.0, min(_kl_threshold(h.positive, h.bin_width, levels), h.maximum)
-    return -min(_kl_threshold(h.negative, h.bin_width, levels), -h.minimum), 0.0
+        return 0.0, min(threshold(h.positive, h.bin_width, levels), h.maximum)
+    return -min(threshold(h.negative, h.bin_width, levels), -h.minimum), 0.0
 
 
 def _kl_threshold(counts: np.ndarray, width: float, levels: int) -> float:
@@ -153,22 +163,8 @@ def _kl_threshold(counts: np.ndarray, width: float, levels: int) -> float:
 
 @register("mse")
 def _mse_range(h: Histogram, symmetric: bool, levels: int, percentile: float) -> Range:
-    """The clipping threshold with the least expected quantize-dequantize squared error.
-
-    Like ``kl``, half the levels per side for symmetric or mixed-sign ranges, all levels
-    for one-signed data.
-    """
-    if h.bound == 0.0:
-        return 0.0, 0.0
-    one_sided = h.minimum >= 0.0 or h.maximum <= 0.0
-    if symmetric or not one_sided:
-        t = min(mse_threshold(h.magnitudes(), h.bin_width, levels // 2), max(-h.minimum, h.maximum))
-        if symmetric:
-            return -t, t
-        return max(h.minimum, -t), min(h.maximum, t)
-    if h.minimum >= 0.0:
-        return 0.0, min(mse_threshold(h.positive, h.bin_width, levels), h.maximum)
-    return -min(mse_threshold(h.negative, h.bin_width, levels), -h.minimum), 0.0
+    """The clipping threshold with the least expected quantize-dequantize squared error."""
+    return clipped_range(h, symmetric, levels, mse_threshold)
 
 
 def mse_threshold(counts: np.ndarray, width: float, levels: int) -> float:
