@@ -53,9 +53,9 @@ logger = logging.getLogger("lpq.torch")
 
 WARMUP = 2
 TIMED_BATCHES = 4
-MIN_ROUNDS = 5
-MAX_ROUNDS = 50
-MIN_SECONDS = 0.5
+MIN_ROUNDS = 10
+MAX_ROUNDS = 100
+MIN_SECONDS = 2.0
 
 
 def compile_enabled() -> bool:
