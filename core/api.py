@@ -65,6 +65,8 @@ class TuningResult(QuantizedModel):
     metric_note: str = ""
     #: Samples per batch of the latency data: ``latency_ms`` is per batch of this many.
     latency_batch_size: int | None = None
+    #: What the backend profile (and ``valid_mixed_precision``) ruled out, as JSON.
+    ruled_out: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -94,6 +96,7 @@ class TuningResult(QuantizedModel):
             "final_latency_ms": best.latency_ms,
             "latency_speedup": speedup,
             "latency_batch_size": self.latency_batch_size,
+            "backend_ruled_out": self.ruled_out,
             "baseline_size_bytes": base.size_bytes,
             "final_size_bytes": best.size_bytes,
             "size_reduction": size_ratio,
@@ -112,7 +115,10 @@ def _tuning_space(
     """Query the adaptor's capability, apply the backend profile, build the space.
 
     A backend profile's options go into every tune_cfg; its capability file, if any,
-    replaces the adaptor's YAML for the ops the adaptor reported.
+    replaces the adaptor's YAML for the ops the adaptor reported; its scheme narrows
+    that capability to what the backend runs (capability ∩ backend), reaches the adaptor
+    as ``options["backend_scheme"]``, and what each constraint ruled out is logged and
+    kept in ``space.ruled_out``.
     """
     options: dict[str, Any] = {}
     profile = None
@@ -133,9 +139,25 @@ def _tuning_space(
         spec = load_capability(profile.capability_file, framework, capability.framework_version)
         capability = spec.build(list(capability.opwise), capability.framework_version)
     capability = merge_capability_files(capability, conf.capability_files)
-    return build_tuning_space(
+    ruled_out: list[Any] = []
+    if profile is not None and profile.quant_scheme is not None:
+        from .plan.backend import narrow_capability
+
+        capability, ruled_out = narrow_capability(capability, profile.quant_scheme, profile.name)
+        options["backend"] = profile.name
+        options["backend_scheme"] = profile.quant_scheme.to_json()
+    space = build_tuning_space(
         capability, conf, has_calib_data=calib is not None, extra_options=options
     )
+    space.ruled_out[:0] = ruled_out
+    for item in space.ruled_out:
+        logger.info("%s", item.text())
+    return space
+
+
+def _ruled_out_json(space: TuningSpace) -> list[dict[str, Any]]:
+    """What the backend ruled out, as JSON with the sentence the report prints."""
+    return [{**item.to_json(), "text": item.text()} for item in space.ruled_out]
 
 
 def _require_reiterable(name: str, loader: Any) -> None:
@@ -281,6 +303,7 @@ def fit(
                 "model": str(model) if isinstance(model, str | Path) else type(model).__qualname__,
                 "config": conf.to_json(),
                 "metric": metric.name if metric else "eval_func",
+                "backend_ruled_out": _ruled_out_json(space),
             },
         )
         history.baseline = baseline
@@ -306,6 +329,7 @@ def fit(
     result = _finish(driver, framework, metric, conf, history)
     result.metric_note = metric_note
     result.latency_batch_size = _first_batch_size(evaluation.latency_dataloader)
+    result.ruled_out = _ruled_out_json(space)
     return result
 
 

@@ -168,3 +168,22 @@ def test_the_avx2_profile_narrows_onnxrt_weights_to_7_bits() -> None:
     }
     assert any(r.removed == "weight reduce_range false" for r in ruled_out)
     assert any("dynamic" in r.removed for r in ruled_out)
+
+
+def test_what_was_ruled_out_is_in_the_summary_and_history(lpq_plugin, tmp_path: Path) -> None:
+    import json
+
+    plugin = FakeAdaptorPlugin(tmp_path)
+    plugin.capability_file.write_text(with_field(NO_BF16))
+    lpq_plugin(plugin, name="fake")
+    conf = PostTrainingQuantConfig(tuning_criterion=TuningCriterion(max_trials=2))
+    result = fit(
+        FakeModel(ops=OPS),
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((100, 1), np.float32), np.arange(100) % 10)],
+        workspace=tmp_path / "ws",
+    )
+    ruled_out = result.summary()["backend_ruled_out"]
+    assert ruled_out and "bf16" in ruled_out[0]["text"]
+    assert json.loads(result.history_path.read_text())["backend_ruled_out"] == ruled_out

@@ -50,9 +50,7 @@ def fake(lpq_plugin: Any, tmp_path: Path) -> FakeAdaptorPlugin:
     lpq_plugin(
         ProfilePlugin(
             lpq.BackendProfile("npu", "fake", "a test NPU", scheme=NPU_SCHEME),
-            lpq.BackendProfile(
-                "int8-sym-npu", "fake", scheme={"activation": {"dtype": "int8"}}
-            ),
+            lpq.BackendProfile("int8-sym-npu", "fake", scheme={"activation": {"dtype": "int8"}}),
         ),
         name="npu-profiles",
     )
@@ -129,9 +127,7 @@ def test_a_profile_parses_its_scheme_once() -> None:
 def test_narrowing_keeps_what_the_backend_runs_and_says_why(
     capability: lpq.FrameworkCapability,
 ) -> None:
-    narrowed, ruled_out = narrow_capability(
-        capability, QuantScheme.from_json(NPU_SCHEME), "npu"
-    )
+    narrowed, ruled_out = narrow_capability(capability, QuantScheme.from_json(NPU_SCHEME), "npu")
     conv = narrowed.op_configs(("conv1", "Conv"))
     assert conv, "Conv keeps its static per-tensor option"
     assert {c.weight.granularity for c in conv} == {"per_tensor"}
@@ -185,9 +181,7 @@ def test_quantize_with_a_backend_hands_its_scheme_to_the_adaptor(fake: FakeAdapt
     result = quantize(model, PostTrainingQuantConfig(backend="npu"), CALIB)
     cfg = result.tune_cfg
     assert cfg.options["backend"] == "npu"
-    assert QuantScheme.from_json(cfg.options["backend_scheme"]) == QuantScheme.from_json(
-        NPU_SCHEME
-    )
+    assert QuantScheme.from_json(cfg.options["backend_scheme"]) == QuantScheme.from_json(NPU_SCHEME)
     assert cfg.ops[("conv1", "Conv")].weight.granularity == "per_tensor"
     assert not cfg.ops[("fc", "MatMul")].quantized
 

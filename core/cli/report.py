@@ -93,6 +93,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"size: {summary['baseline_size_bytes'] / 1e6:.2f} MB -> "
             f"{summary['final_size_bytes'] / 1e6:.2f} MB ({summary['size_reduction']:.2f}x smaller)"
         )
+    for item in summary.get("backend_ruled_out") or []:
+        lines.append(f"backend: {item.get('text') or item}")
     lines.append(
         f"{summary['quantized_ops']} ops quantized, {summary['fallback_ops']} left in float; "
         f"{summary['trials']} trial(s); history: {summary['history']}"
