@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check core tests plugins bench
+.venv/bin/ruff check core tests plugins bench examples
 .venv/bin/mypy
 LPQ_PLUGINS_STRICT=1 .venv/bin/python -m pytest tests plugins/lpq-onnxrt/tests plugins/lpq-torch/tests \
   plugins/lpq-tf/tests plugins/lpq-mxnet/tests/test_mxnet_absent.py -q "$@"
