@@ -104,6 +104,7 @@ def deploy(
     pm = get_plugin_manager()
     profile = pm.backend_profile(backend)
     framework = profile.framework
+    writer = load_writer(profile.writer) if profile.writer else None  # fail before the work
     given = model.framework if isinstance(model, QuantizedModel) else pm.detect_framework(model)
     if given != framework:
         raise ConfigError(
@@ -132,8 +133,8 @@ def deploy(
     with atomic_write(folder / MODEL_FILE, "wb") as handle:
         handle.write(onnx_model.SerializeToString())
     files = {MODEL_FILE: "ONNX model with QuantizeLinear/DequantizeLinear nodes (QDQ)"}
-    if profile.writer:
-        files.update(load_writer(profile.writer)(onnx_model, folder, profile))
+    if writer is not None:
+        files.update(writer(onnx_model, folder, profile))
     files[MANIFEST] = "this list"
     result = DeployResult(backend, framework, folder, files, quantized, onnx_model)
     write_json(folder / MANIFEST, {**result.summary(), "description": profile.description})

@@ -16,7 +16,8 @@ from torch_testmodels import calib_loader, digits, train
 import lpq
 from lpq.cli.deploy import deploy
 from lpq_torch.backends import simulate
-from lpq_torch.backends.quantize import quantize_for_backend
+from lpq_torch.backends.profiles import scheme_of
+from lpq_torch.backends.quantize import default_tune_cfg, quantize_for_backend
 
 
 class DigitsMobileNet(nn.Module):
@@ -147,9 +148,12 @@ def test_lsq_plus_learns_integer_zero_points(mobilenet: nn.Module) -> None:
                 learned[name] = float(quantizer.learned_zero_point.detach().reshape(-1)[0])
         return model
 
-    qat = quantize_for_backend(
-        mobilenet, "tflite", calib_loader(), train_func, qat_method="lsq_plus"
-    )
+    # Through lpq's facade, as the tuner calls it: the scheme rides in the tune_cfg.
+    pm = lpq.get_plugin_manager()
+    ops = pm.query_capability("torch", mobilenet, calib_loader(), {}).opwise
+    tune_cfg = default_tune_cfg(ops, scheme_of("tflite"))
+    tune_cfg.options.update(backend="tflite", qat_method="lsq_plus")
+    qat = pm.quantize("torch", mobilenet, tune_cfg, calib_loader(), train_func)
     assert any(value != round(value) for value in learned.values()), "zero points did not learn"
     for name in learned:
         zero = simulate.quantizers(qat)[name].zero_point
