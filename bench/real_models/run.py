@@ -155,8 +155,6 @@ def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str,
             )
         )
     for label, job in jobs:
-        if any(s and s.lower() in label.lower() for s in skip):
-            continue
         done = work / f"{label.replace(' ', '_')}.done.json"
         if done.exists() and not fresh:  # quantized by an earlier run: reuse it
             record = json.loads(done.read_text())
@@ -164,6 +162,8 @@ def bench_model(key: str, quick: bool, skip: set[str], fresh: bool) -> dict[str,
                 made[label], info[label] = Path(record["path"]), record["info"]
                 seconds[label] = record["seconds"]
                 continue
+        if any(s and s.lower() in label.lower() for s in skip):
+            continue
         try:
             (path, extra), elapsed = _timed(label, job)
             made[label], info[label], seconds[label] = Path(path), extra, elapsed
@@ -297,7 +297,10 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples and shorter timing")
     parser.add_argument(
-        "--skip", default="", help="comma-separated variant substrings to skip (e.g. quark,tuned)"
+        "--skip",
+        default="",
+        help="comma-separated variant substrings not to quantize (e.g. quark,tuned); "
+        "variants an earlier run quantized are still measured",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="quantize again even where an earlier run did"
