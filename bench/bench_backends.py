@@ -10,8 +10,9 @@ backend simulation:
 * PTQ at 8 bits, PTQ at 4 bits and QAT at 4 bits (LSQ, ``--qat-epochs`` epochs of Adam on
   the digits train split): top-1 on the held-out digits and agreement with the fp32 model;
 * the 8-bit model deployed (``lpq deploy``'s Python API) and run in ONNX Runtime: the
-  largest output difference from the simulation, in quantization steps, with the
-  backend's rounding and with ONNX's.
+  largest output difference from the simulation, in quantization steps: ``model.onnx``
+  against the simulation, against the simulation with ONNX's rounding (half to even),
+  and the exact-rounding export (``exact_rounding=True``) against the simulation.
 
 Run:  .venv/bin/python bench/bench_backends.py [--qat-epochs 2] [--train-epochs 12]
 Writes bench/results/backends.json and prints a markdown table.
@@ -39,6 +40,7 @@ from test_torch_backends_qat import DigitsMobileNet as MobileNetStyle  # noqa: E
 from torch import nn  # noqa: E402
 from torch_testmodels import calib_loader, digits, train  # noqa: E402
 
+import lpq  # noqa: E402
 from lpq.cli.deploy import deploy  # noqa: E402
 from lpq_torch.backends import verify  # noqa: E402
 from lpq_torch.backends.profiles import PROFILES  # noqa: E402
@@ -128,8 +130,14 @@ def run(train_epochs: int, qat_epochs: int, backends: list[str]) -> dict[str, An
                 even = verify.compare(
                     deployed.model, deployed.onnx_model, [images], round_mode="half_even"
                 )
+                exact_model = lpq.get_plugin_manager().convert(
+                    "torch", deployed.model, "onnx", {"exact_rounding": True}
+                )
+                exact = verify.compare(deployed.model, exact_model, [images])
             row["ort_steps"] = own["max_steps"]
             row["ort_steps_onnx_rounding"] = even["max_steps"]
+            row["ort_steps_exact_rounding_model"] = exact["max_steps"]
+            row["ort_max_code_diff_exact_rounding_model"] = exact["max_code_diff"]
             row["ort_max_code_diff_isolated"] = own["max_code_diff"]
             row["seconds"] = time.perf_counter() - started
             rows[backend] = row
@@ -140,16 +148,18 @@ def run(train_epochs: int, qat_epochs: int, backends: list[str]) -> dict[str, An
 
 def table(results: dict[str, Any], backends: list[str]) -> str:
     lines = [
-        "| model | backend | PTQ int8 | PTQ 4-bit | QAT 4-bit | ORT vs sim (steps) |",
-        "|---|---|---|---|---|---|",
+        "| model | backend | PTQ int8 | PTQ 4-bit | QAT 4-bit | ORT vs sim: model.onnx "
+        "| sim with ONNX rounding | exact-rounding model |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
-        lines.append(f"| {name} | fp32 | {rows['fp32']:.4f} | | | |")
+        lines.append(f"| {name} | fp32 | {rows['fp32']:.4f} | | | | | |")
         for backend in backends:
             r = rows[backend]
             lines.append(
                 f"| {name} | {backend} | {r['ptq8']:.4f} | {r['ptq4']:.4f} | {r['qat4']:.4f} "
-                f"| {r['ort_steps']:.2f} ({r['ort_steps_onnx_rounding']:.2f} with ONNX rounding) |"
+                f"| {r['ort_steps']:.2f} | {r['ort_steps_onnx_rounding']:.2f} "
+                f"| {r['ort_steps_exact_rounding_model']:.2f} |"
             )
     return "\n".join(lines)
 

@@ -79,8 +79,9 @@ def test_lpq_deploy_mistakes_are_explained(
 
 
 def test_tuning_for_a_backend_then_deploying_the_result(
-    digits_convnet: nn.Module, tmp_path: Path
+    digits_convnet: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LPQ_TORCH_COMPILE", "0")  # the fp32 baseline's timing: no compile
     conf = lpq.PostTrainingQuantConfig(
         backend="vitis",
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.02),

@@ -136,21 +136,26 @@ def test_onnx_runtime_matches_the_simulation_within_one_step(
 
 
 def assert_faithful(result: Any, inputs: list[np.ndarray], backend: str) -> None:
-    """The proof: ONNX Runtime's run of model.onnx against the simulation."""
-    rounding = scheme_of(backend).activation.rounding
-    report = verify.compare(result.model, result.onnx_model, inputs)
-    # Each QuantizeLinear, given the same float input, gives the simulated codes; only
-    # exact ties may differ where the backend does not round half to even as ONNX does
-    # (Vitis AI's DPU rounds half up, TFLite half away from zero).
-    assert report["max_code_diff"] <= (0.0 if rounding == "half_even" else 1.0), report["tensors"]
-    if rounding == "half_even":
-        assert report["max_steps"] <= 1.0 + 1e-4, report["outputs"]
-    # The simulation run with ONNX's rounding: identical codes at every quantizer, and
-    # every output within one quantization step (float summation order) - the QDQ model
-    # encodes the simulated scales, zero points, ranges and placement exactly.
+    """The proof: ONNX Runtime's run of the exported model against the simulation."""
+    # 1. model.onnx with ONNX's rounding in the simulation: identical integer codes at
+    #    every quantizer and every output within one step (float summation order): the QDQ
+    #    nodes encode the simulated scales, zero points, ranges and placement exactly.
     even = verify.compare(result.model, result.onnx_model, inputs, round_mode="half_even")
     assert even["max_code_diff"] == 0.0, even["tensors"]
     assert even["max_steps"] <= 1.0 + 1e-4, even["outputs"]
+    # 2. The same export with the backend's rounding written from standard ops (ONNX's
+    #    QuantizeLinear can only round half to even): the simulation itself, bit for bit.
+    exact_model = lpq.get_plugin_manager().convert(
+        "torch", result.model, "onnx", {"exact_rounding": True}
+    )
+    exact = verify.compare(result.model, exact_model, inputs)
+    assert exact["max_code_diff"] == 0.0, exact["tensors"]
+    assert exact["max_steps"] <= 1.0 + 1e-4, exact["outputs"]
+    # 3. model.onnx against the backend's rounding: each QuantizeLinear, given the same
+    #    input, differs from the backend only on exact ties (Vitis AI, TFLite), by one code.
+    own = verify.compare(result.model, result.onnx_model, inputs)
+    rounding = scheme_of(backend).activation.rounding
+    assert own["max_code_diff"] <= (0.0 if rounding == "half_even" else 1.0), own["tensors"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -21,10 +21,13 @@ files of :mod:`~lpq_torch.backends.params` refer to tensors by these names. Ever
 quantizer's parameters are also stored as JSON in the model's metadata
 (``lpq.quantization``), for tools and tests.
 
-ONNX Runtime rounds ``x / scale`` half to even, as ONNX specifies; a scheme that rounds
-otherwise (Vitis AI's DPU rounds half up, TFLite half away from zero) differs from
-ONNX Runtime only on exact ties, by one step. The backend's own compiler applies its own
-rounding to the same scales.
+ONNX's QuantizeLinear rounds ``x / scale`` half to even; a scheme that rounds otherwise
+(Vitis AI's DPU rounds half up, TFLite half away from zero) differs from it on exact
+ties, by one step — the backend's own compiler applies its own rounding to the same
+scales. With ``options={"exact_rounding": True}`` such quantizers are written instead as
+``Div -> round -> Add zero point -> Clip -> Cast`` from standard ops (then
+``DequantizeLinear``): a reference model ONNX Runtime runs with the backend's exact
+rounding, for checking on a CPU what the hardware will compute.
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ def to_onnx(module: torch.nn.Module, options: dict[str, Any]) -> Any:
         gm = prepare.exported(module, example)
         simulate.remove_guards(gm)
         simulate.fold_batch_norm(gm)
-    emitter = Emitter(gm, int(options.get("opset", DEFAULT_OPSET)))
+    emitter = Emitter(
+        gm, int(options.get("opset", DEFAULT_OPSET)), bool(options.get("exact_rounding", False))
+    )
     model = emitter.build(onnx)
     backend = getattr(gm, simulate.BACKEND_ATTR, None)
     if backend:
@@ -149,8 +154,8 @@ _NUMPY = {2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32}
 class Emitter:
     """Writes ONNX nodes for an fx graph, one fx node at a time."""
 
-    def __init__(self, gm: torch.fx.GraphModule, opset: int) -> None:
-        self.gm, self.opset = gm, opset
+    def __init__(self, gm: torch.fx.GraphModule, opset: int, exact_rounding: bool = False) -> None:
+        self.gm, self.opset, self.exact_rounding = gm, opset, exact_rounding
         self.nodes: list[Any] = []
         self.initializers: dict[str, Any] = {}
         self.names: dict[torch.fx.Node, str] = {}
@@ -250,8 +255,11 @@ class Emitter:
         scale_name = self.add_init(f"{tensor}_scale", scale.reshape(()))
         zero_name = self.add_init(f"{tensor}_zero_point", zero.reshape(()))
         quantized = f"{tensor}_quantized"
-        self.emit("QuantizeLinear", [tensor, scale_name, zero_name], [quantized], quantized)
-        if (spec.qmin, spec.qmax) != (low, high):
+        if self.exact_rounding and spec.rounding != "half_even":
+            self.rounded_codes(tensor, scale_name, zero_name, spec, elem, quantized)
+        else:
+            self.emit("QuantizeLinear", [tensor, scale_name, zero_name], [quantized], quantized)
+        if (spec.qmin, spec.qmax) != (low, high) and not self.exact_rounding:
             clipped = f"{tensor}_clipped"
             bounds = [self.const(spec.qmin, codes_type), self.const(spec.qmax, codes_type)]
             self.emit("Clip", [quantized, *bounds], [clipped], clipped)
@@ -260,6 +268,34 @@ class Emitter:
         self.emit("DequantizeLinear", [quantized, scale_name, zero_name], [output], output)
         self.names[node] = output
         self.record(tensor, module, "activation")
+
+    def rounded_codes(
+        self, tensor: str, scale: str, zero: str, spec: Any, elem: int, output: str
+    ) -> None:
+        """QuantizeLinear with the backend's rounding, from standard ops (ONNX's own
+        QuantizeLinear rounds half to even): ``Cast(Clip(round(x / scale) + zero))``."""
+        v, r, shifted, clipped = (self.fresh(f"{tensor}_{p}") for p in ("v", "r", "z", "c"))
+        self.emit("Div", [tensor, scale], [v], v)
+        half = self.const(0.5)
+        if spec.rounding == "half_up":  # floor(v + 0.5)
+            plus = self.fresh(f"{tensor}_plus")
+            self.emit("Add", [v, half], [plus], plus)
+            self.emit("Floor", [plus], [r], r)
+        else:  # half_away: sign(v) * floor(|v| + 0.5)
+            magnitude, plus, floor, sign = (
+                self.fresh(f"{tensor}_{p}") for p in ("abs", "plus", "floor", "sign")
+            )
+            self.emit("Abs", [v], [magnitude], magnitude)
+            self.emit("Add", [magnitude, half], [plus], plus)
+            self.emit("Floor", [plus], [floor], floor)
+            self.emit("Sign", [v], [sign], sign)
+            self.emit("Mul", [sign, floor], [r], r)
+        zero_float = self.fresh(f"{tensor}_zero_float")
+        self.emit("Cast", [zero], [zero_float], zero_float, to=self.onnx.TensorProto.FLOAT)
+        self.emit("Add", [r, zero_float], [shifted], shifted)
+        bounds = [self.const(float(spec.qmin)), self.const(float(spec.qmax))]
+        self.emit("Clip", [shifted, *bounds], [clipped], clipped)
+        self.emit("Cast", [clipped], [output], output, to=elem)
 
     def bias(self, node: torch.fx.Node, module: BiasQuantizer) -> None:
         source, input_scale, weight_scale = node.args[:3]
