@@ -34,6 +34,7 @@ import argparse
 import copy
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -801,6 +802,7 @@ def main() -> None:
         "vad": vad_case,
     }
     workspace = ROOT / "bench" / "results" / "torch_real_models_workspace"
+    shutil.rmtree(workspace, ignore_errors=True)  # fit must tune afresh, not resume
     results = []
     for key in args.models.split(","):
         results.append(bench_case(builders[key](), args, workspace / key))
