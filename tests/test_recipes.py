@@ -110,3 +110,43 @@ def test_quantize_turns_latency_awareness_on_unless_told_otherwise(lpq_plugin, t
     assert lpq.quantize(model, off, calib).tune_cfg.options["latency_aware"] is False
     space = space_for(tmp_path, lpq.PostTrainingQuantConfig(latency_aware=True))
     assert "latency_aware" not in space.recipes, "a value the user set is not searched"
+
+
+class SlowUnlessLatencyAware(SmoothingAdaptor):
+    """Quantized models measure slower than fp32 unless ``latency_aware`` is on (what
+    int8 islands between float ops do on a real CPU)."""
+
+    @lpq.hookimpl
+    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
+        result = super().lpq_evaluate(
+            framework, model, dataloader, postprocess, metrics, None, iteration
+        )
+        if result is not None and measurer is not None:
+            options = getattr(getattr(model, "tune_cfg", None), "options", None)
+            latency = 10.0  # the fp32 model
+            if options is not None:  # int8: slower, unless latency-aware
+                latency = 6.0 if options.get("latency_aware") else 13.0
+            measurer.samples.append(latency / 1e3)
+            result.latency_ms = measurer.median_ms
+        return result
+
+
+def test_an_accurate_but_slow_candidate_is_sped_up_with_a_recipe(lpq_plugin, tmp_path):
+    lpq_plugin(SlowUnlessLatencyAware(tmp_path), name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(8)]
+    cost = {f"op{i}": 0.0002 for i in range(8)} | {"op3": 0.05}
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=20),
+    )
+    result = lpq.fit(
+        FakeModel(ops=ops, sensitivity=cost),
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )
+    assert result.goal_met, [(t.stage, t.accuracy, t.latency_ms) for t in result.trials]
+    assert result.tune_cfg.options["latency_aware"] is True
+    assert result.best.stage.startswith("speed up with")
+    assert result.summary()["latency_speedup"] > 1

@@ -77,6 +77,12 @@ class AutoStrategy(Strategy):
             found = yield from stage(ctx, cfg, record, fallen)
             if found is not None:
                 cfg, record, fallen = found
+        if not ctx.meets_goal(record) and ctx.within_tolerance(record):
+            # Accurate enough but slower than fp32 (int8 islands between float ops): let
+            # the adaptor's recipes, e.g. latency-aware quantization, make it fast.
+            cfg, record = yield from self._best_of(
+                ctx, cfg, record, ctx.space.recipe_variants(cfg), "speed up with"
+            )
         if ctx.meets_goal(record):
             yield from self._requantize_greedily(ctx, cfg, fallen)
         yield from self._try_variants(ctx, cfg)

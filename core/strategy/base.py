@@ -57,6 +57,11 @@ class TuningContext(ABC):
     @abstractmethod
     def meets_goal(self, record: TrialRecord) -> bool: ...
 
+    def within_tolerance(self, record: TrialRecord) -> bool:
+        """Whether ``record``'s accuracy alone is within the goal (it may still miss the
+        goal by being slower than fp32 under the performance objective)."""
+        return self.meets_goal(record)
+
     @abstractmethod
     def better(self, a: TrialRecord, b: TrialRecord | None) -> bool:
         """Whether ``a`` beats ``b`` on the objective (among goal-meeting trials)."""

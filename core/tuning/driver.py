@@ -178,6 +178,11 @@ class TuningDriver(TuningContext):
         if self.on_trial is not None:
             self.on_trial(record)
 
+    def within_tolerance(self, record: TrialRecord) -> bool:
+        return record.status == "ok" and self.config.accuracy_criterion.meets(
+            self.baseline.accuracy, record.accuracy, self.higher_is_better
+        )
+
     def _meets(self, record: TrialRecord) -> bool:
         """Accuracy within tolerance and, for the performance objective, not slower than
         fp32: a slower "quantized" model is no answer to a speed goal."""
