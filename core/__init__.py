@@ -40,8 +40,10 @@ from .plugins.types import AdaptorInfo, BackendProfile, Example
 
 if TYPE_CHECKING:
     from .api import QuantizedModel, TuningResult, fit, quantize
+    from .cli.deploy import DeployResult, deploy
     from .config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
     from .eval.metrics import F1, MSE, Agreement, CosineSimilarity, TopK
+    from .plan.backend import QuantScheme, RuledOut, TensorScheme
     from .plan.capability_loader import load_capability, validate_capability_file
     from .plan.tuning_space import TuningSpace
     from .strategy import (
@@ -67,6 +69,11 @@ _LAZY = {
     "load_capability": "plan.capability_loader",
     "validate_capability_file": "plan.capability_loader",
     "TuningSpace": "plan.tuning_space",
+    "QuantScheme": "plan.backend",
+    "TensorScheme": "plan.backend",
+    "RuledOut": "plan.backend",
+    "deploy": "cli.deploy",
+    "DeployResult": "cli.deploy",
     "AccuracyCriterion": "config",
     "PostTrainingQuantConfig": "config",
     "TuningCriterion": "config",
@@ -123,6 +130,7 @@ __all__ = [
     "ConfigError",
     "CosineSimilarity",
     "DataError",
+    "DeployResult",
     "EvalResult",
     "Example",
     "Executor",
@@ -142,12 +150,15 @@ __all__ = [
     "PostTrainingQuantConfig",
     "Proposals",
     "QuantCapability",
+    "QuantScheme",
     "QuantizedModel",
+    "RuledOut",
     "RunCache",
     "StopTuning",
     "Strategy",
     "TensorConfig",
     "TensorOptions",
+    "TensorScheme",
     "TopK",
     "TrialOutcome",
     "TrialRecord",
@@ -164,6 +175,7 @@ __all__ = [
     "atomic_write",
     "batch_size",
     "content_key",
+    "deploy",
     "evaluate_batches",
     "fall_back",
     "fit",

@@ -24,7 +24,15 @@ _APPROACHES = ("auto", "static", "dynamic", "weight_only")
 _OBJECTIVES = ("performance", "modelsize", "footprint")
 _EXIT_POLICIES = ("first_hit", "best")
 _FORMATS = ("default", "qdq", "qoperator")
-_TENSOR_FIELDS = ("dtype", "scheme", "granularity", "algorithm", "block_size")
+_TENSOR_FIELDS = (
+    "dtype",
+    "scheme",
+    "granularity",
+    "algorithm",
+    "block_size",
+    "bits",
+    "reduce_range",
+)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
