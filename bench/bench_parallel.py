@@ -70,7 +70,9 @@ def crops(count: int, seed: int) -> np.ndarray:
     return np.stack(out).astype(np.float32)
 
 
-def tune(model: str, calib: Any, evaluation: Any, trials: int, **tuning: Any) -> tuple[float, Any]:
+def tune(
+    model: str, calib: Any, evaluation: Any, trials: int, metric: str | None, **tuning: Any
+) -> tuple[float, Any]:
     conf = lpq.PostTrainingQuantConfig(
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=1e-9),
         tuning_criterion=lpq.TuningCriterion(
@@ -97,12 +99,15 @@ VARIANTS = {
 }
 
 
-def measure(model: str, calib: Any, evaluation: Any, trials: int, repeats: int) -> dict[str, Any]:
+def measure(
+    model: str, calib: Any, evaluation: Any, trials: int, repeats: int, metric: str | None
+) -> dict[str, Any]:
     walls: dict[str, list[float]] = {name: [] for name in VARIANTS}
     reference = None
     for _ in range(repeats):
         for name, tuning in VARIANTS.items():
-            wall, result = tune(model, calib, evaluation, trials, **tuning)
+            wall, result = tune(model, calib, evaluation, trials, metric, **tuning)
+            print(f"  {name}: {wall:.1f} s, {len(result.trials)} trials", flush=True)
             walls[name].append(wall)
             same = [(t.fingerprint, t.status) for t in result.trials]
             reference = reference or same
@@ -125,7 +130,8 @@ def main() -> None:
     rec = recognizer()
     calib = lpq.ArrayLoader(crops(16, seed=1), batch_size=8)
     evaluation = lpq.ArrayLoader(crops(32, seed=2), batch_size=8)
-    real = measure(str(rec), calib, evaluation, args.trials, args.repeats)
+    real = measure(str(rec), calib, evaluation, args.trials, args.repeats, "cosine")
+    print(f"PP-OCRv4 rec: {real}", flush=True)
 
     example = lpq.get_plugin_manager().example("digits")
     tiny = measure(
