@@ -140,6 +140,7 @@ def main() -> None:
         lpq.load_npz(example.eval),
         args.trials,
         args.repeats,
+        None,
     )
     per_trial_s = real["wall_s"]["serial"] / args.trials
     overhead = {
