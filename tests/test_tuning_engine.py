@@ -266,3 +266,21 @@ def test_a_raw_error_while_inspecting_never_ends_tuning(lpq_plugin, tmp_path, ca
     assert result.goal_met, "ranked by trials instead"
     assert "op3" in {n for (n, _), c in result.tune_cfg.ops.items() if not c.quantized}
     assert "IndexError" in caplog.text and "ranking ops with trials instead" in caplog.text
+
+
+class FloatInDisguise(FakeAdaptorPlugin):
+    """Reports (lpq_quantized_ops) that the converted model runs every op in fp32, as ORT
+    does with a lone quantized Concat or Sigmoid."""
+
+    @lpq.hookimpl
+    def lpq_quantized_ops(self, framework, model):
+        if framework != "fake":
+            return None
+        return {name: "fp32" for name, _ in model.source.ops}
+
+
+def test_a_model_that_really_runs_all_fp32_never_meets_the_goal(lpq_plugin, tmp_path):
+    lpq_plugin(FloatInDisguise(tmp_path), name="fake")
+    result = fit(spread_model(4), conf("auto", max_trials=4), tmp_path / "ws")
+    assert all(t.counts_from == "model" and t.quantized_ops == 0 for t in result.trials)
+    assert not result.goal_met

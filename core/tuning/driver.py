@@ -190,6 +190,8 @@ class TuningDriver(TuningContext):
             self.baseline.accuracy, record.accuracy, self.higher_is_better
         ):
             return False
+        if record.counts_from == "model" and record.quantized_ops == 0:
+            return False  # the converted model runs every op in float: it is the baseline
         if self.config.tuning_criterion.objective == "performance":
             base, got = self.baseline.latency_ms, record.latency_ms
             if (
