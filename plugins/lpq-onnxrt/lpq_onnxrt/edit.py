@@ -121,58 +121,44 @@ def quantize_input(model: Any, options: dict[str, Any]) -> QuantizedModel:
     io: dict[str, dict[str, Any]] = {}
     if options.get("inputs", True):
         for graph_input in graph.input:
-            node = next(
-                (
-                    n
-                    for n in graph.node
-                    if n.op_type == "QuantizeLinear" and n.input[0] == graph_input.name
-                ),
-                None,
-            )
+            node = _boundary_node(graph, "QuantizeLinear", lambda n: n.input[0], graph_input)
             if node is None:
                 raise lpq.ModelError(
                     f"input {graph_input.name!r} is not quantized right away in this model",
                     hint="its first op stays in float; pass options={'inputs': False}",
                 )
-            zero_point = _array(inits[node.input[2]])
-            io[graph_input.name] = _boundary(inits, node, zero_point)
-            graph_input.type.tensor_type.elem_type = inits[node.input[2]].data_type
-            for consumer in graph.node:
-                for i, name in enumerate(consumer.input):
-                    if name == node.output[0]:
-                        consumer.input[i] = graph_input.name
-            graph.node.remove(node)
+            io[graph_input.name] = _strip(graph, inits, node, graph_input, node.output[0])
     if options.get("outputs", True):
         for graph_output in graph.output:
-            node = next(
-                (
-                    n
-                    for n in graph.node
-                    if n.op_type == "DequantizeLinear" and n.output[0] == graph_output.name
-                ),
-                None,
-            )
+            node = _boundary_node(graph, "DequantizeLinear", lambda n: n.output[0], graph_output)
             if node is None:
                 raise lpq.ModelError(
                     f"output {graph_output.name!r} is computed in float in this model",
                     hint="its last op stays in float; pass options={'outputs': False}",
                 )
-            zero_point = _array(inits[node.input[2]])
-            io[graph_output.name] = _boundary(inits, node, zero_point)
-            for producer in graph.node:
-                for i, name in enumerate(producer.output):
-                    if name == node.input[0]:
-                        producer.output[i] = graph_output.name
-            graph_output.type.tensor_type.elem_type = inits[node.input[2]].data_type
-            graph.node.remove(node)
+            io[graph_output.name] = _strip(graph, inits, node, graph_output, node.input[0])
     for name, params in io.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = f"lpq.io.{name}", json.dumps(params)
     return replace(model, proto=proto)
 
 
-def _boundary(inits: dict[str, Any], node: Any, zero_point: np.ndarray) -> dict[str, Any]:
-    scale = _array(inits[node.input[1]])
+def _boundary_node(graph: Any, op_type: str, end: Any, value_info: Any) -> Any | None:
+    """The ``op_type`` node whose ``end(node)`` tensor is the graph boundary ``value_info``."""
+    return next((n for n in graph.node if n.op_type == op_type and end(n) == value_info.name), None)
+
+
+def _strip(graph: Any, inits: dict[str, Any], node: Any, value_info: Any, inner: str) -> dict:
+    """Remove boundary ``node``: the tensor ``inner`` on its other side takes the boundary's
+    name and integer type. Returns the scale and zero point the caller must apply."""
+    scale, zero_point = _array(inits[node.input[1]]), _array(inits[node.input[2]])
+    value_info.type.tensor_type.elem_type = inits[node.input[2]].data_type
+    for other in graph.node:
+        for names in (other.input, other.output):
+            for i, name in enumerate(names):
+                if name == inner:
+                    names[i] = value_info.name
+    graph.node.remove(node)
     return {
         "scale": scale.tolist(),
         "zero_point": zero_point.tolist(),
