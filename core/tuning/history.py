@@ -31,6 +31,8 @@ class TuningHistory:
         self.baseline: TrialRecord | None = None
         #: Every trial of the run by id, earlier sessions' included.
         self.trials: dict[int, TrialRecord] = {}
+        #: The first trial of each fingerprint: a re-run looks every proposal up here.
+        self._by_fingerprint: dict[str, TrialRecord] = {}
         self.extra: dict[str, Any] = {}
         remove_stale_temporaries(self.path)
         if self.path.exists():
@@ -50,6 +52,7 @@ class TuningHistory:
         for record in records:
             record.resumed = True
             self.trials[record.index] = record
+            self._by_fingerprint.setdefault(record.fingerprint, record)
 
     @property
     def resumed_trials(self) -> int:
@@ -57,10 +60,8 @@ class TuningHistory:
 
     def finished(self, fingerprint: str) -> TrialRecord | None:
         """A finished trial of this fingerprint (ok, or failed in the candidate itself)."""
-        for record in self.trials.values():
-            if record.fingerprint == fingerprint and record.status in ("ok", "error"):
-                return record
-        return None
+        record = self._by_fingerprint.get(fingerprint)
+        return record if record is not None and record.status in ("ok", "error") else None
 
     def next_index(self) -> int:
         return max(self.trials, default=-1) + 1
@@ -68,6 +69,9 @@ class TuningHistory:
     def add(self, record: TrialRecord) -> None:
         """Add or replace (same id) a trial and write the file."""
         self.trials[record.index] = record
+        known = self._by_fingerprint.get(record.fingerprint)
+        if known is None or known.index == record.index:
+            self._by_fingerprint[record.fingerprint] = record
         self.write()
 
     def ordered(self) -> list[TrialRecord]:
