@@ -305,6 +305,8 @@ def _static_pass(
         }
         if _per_channel(cfg) and len(initializers[weight_name].dims) >= 2:
             entry["axis"] = graph.weight_axis(node)
+        if _reduce_range(cfg.weight):
+            entry["reduce_range"] = True  # 7-bit weights, for CPUs without VNNI
         overrides[weight_name] = [entry]
 
     extra: dict[str, Any] = {
@@ -378,6 +380,17 @@ def _per_channel(cfg: OpConfig) -> bool:
     return cfg.weight is not None and cfg.weight.granularity == "per_channel"
 
 
+def _reduce_range(tensor: TensorConfig | None) -> bool:
+    """The capability's ``reduce_range`` knob (it reaches the adaptor in the tensor's
+    ``options``): ORT's 7-bit weights ([-64, 64] signed, [0, 127] unsigned)."""
+    if tensor is None:
+        return False
+    value = tensor.options.get("reduce_range", False)
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
+
+
 # --------------------------------------------------------------------------- dynamic
 
 
@@ -408,7 +421,7 @@ def _dynamic_pass(
             quantizer = ONNXQuantizer(
                 model,
                 weight.granularity == "per_channel",
-                False,
+                _reduce_range(weight),
                 QuantizationMode.IntegerOps,
                 False,
                 weight_type,

@@ -437,3 +437,48 @@ def test_quantized_ops_reports_fp16_and_int4(pm, mlp_model, lpq_sample_model, ca
 def test_quantized_ops_of_an_fp32_model_are_fp32(pm, lpq_sample_model):
     found = pm.quantized_ops(FW, str(lpq_sample_model))
     assert found and set(found.values()) == {"fp32"}
+
+
+def _weight_codes(model: Any) -> list[np.ndarray]:
+    """The stored integer weights (``*_quantized`` initializers ORT's quantizers write)."""
+    return [
+        value
+        for name, value in _inits(model).items()
+        if name.endswith("_quantized") and value.dtype in (np.int8, np.uint8) and value.ndim >= 2
+    ]
+
+
+def _reduce_range(cfg: lpq.TuneConfig) -> lpq.TuneConfig:
+    """``cfg`` with the capability's ``reduce_range`` knob on for every weight."""
+    changed = {
+        key: replace(
+            op, weight=replace(op.weight, options={**op.weight.options, "reduce_range": True})
+        )
+        for key, op in cfg.ops.items()
+        if op.weight is not None
+    }
+    return cfg.with_ops(changed)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "mode", "fmt"),
+    [("digits", "static", "qdq"), ("digits", "static", "qoperator"), ("mlp", "dynamic", "qdq")],
+)
+def test_reduce_range_quantizes_weights_to_7_bits(
+    pm, lpq_sample_model, mlp_model, calib_loader, eval_loader, model_name, mode, fmt
+):
+    model = lpq_sample_model if model_name == "digits" else mlp_model
+    data = calib_loader if mode == "static" else None
+    cap = pm.query_capability(FW, model, data, {})
+    base = _cfg(cap, mode, quant_format=fmt)
+    assert any(op.weight is not None for op in base.ops.values())
+    full = _weight_codes(pm.quantize(FW, model, base, data))
+    reduced_model = pm.quantize(FW, model, _reduce_range(base), data)
+    reduced = _weight_codes(reduced_model)
+    assert full and len(reduced) == len(full)
+    # 8-bit symmetric weights reach +-127; ORT's reduce_range keeps them in [-64, 64].
+    assert max(int(np.abs(q.astype(np.int32)).max()) for q in full) == 127
+    assert max(int(np.abs(q.astype(np.int32)).max()) for q in reduced) <= 64
+    # The 7-bit model still runs and stays accurate.
+    fp32 = _accuracy(pm, model, eval_loader)
+    assert _accuracy(pm, reduced_model, eval_loader) >= fp32 - 0.03
