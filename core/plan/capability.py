@@ -121,6 +121,8 @@ class CapabilitySpec:
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
     #: Model-wide options the tuner may search: name -> values, the default first.
     recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Op type -> what the default config does with it (``defaults`` in the YAML).
+    defaults: dict[str, str] = field(default_factory=dict)
 
     def quantizable_op_types(self) -> list[str]:
         return sorted(
@@ -179,6 +181,7 @@ class CapabilitySpec:
             patterns=list(self.patterns),
             valid_mixed_precision=list(self.valid_mixed_precision),
             recipes=dict(self.recipes),
+            defaults={t: d for t, d in self.defaults.items() if t in optypewise},
         )
 
 
@@ -200,13 +203,24 @@ class FrameworkCapability:
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
     #: Model-wide options the tuner may search (``recipes`` in the YAML), default first.
     recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Op type -> a float precision its ops keep by default (the tuner may still
+    #: quantize them), or the mode of their default quantized choice.
+    defaults: dict[str, str] = field(default_factory=dict)
 
     def default_op_config(self, key: OpKey) -> OpConfig:
+        default = self.defaults.get(key[1])
+        if default in FLOAT_PRECISIONS:
+            return OpConfig.fallback(default)
+        if default is not None:
+            return self.op_configs(key)[0]
         return self.opwise[key][0].default_config()
 
     def op_configs(self, key: OpKey) -> list[OpConfig]:
-        """Every quantized config allowed for op ``key``, the default first."""
-        return [cfg for cap in self.opwise[key] for cfg in cap.configs()]
+        """Every quantized config allowed for op ``key``, the default first (a
+        ``defaults`` mode moves that mode's configs to the front)."""
+        configs = [cfg for cap in self.opwise[key] for cfg in cap.configs()]
+        mode = self.defaults.get(key[1])
+        return sorted(configs, key=lambda cfg: cfg.mode != mode) if mode else configs
 
     def fallback_precisions(self, key: OpKey) -> tuple[str, ...]:
         return self.fallbacks.get(key[1], ("fp32",))

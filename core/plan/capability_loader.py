@@ -260,6 +260,17 @@ def _check_semantics(
                     ),
                     hint=f"add {precision} to the block's precisions",
                 )
+        for op_type, default in block.get("defaults", {}).items():
+            if default in ("fp16", "bf16") and default not in precisions:
+                raise CapabilityError(
+                    _error(
+                        source,
+                        lines,
+                        (index, "defaults", op_type),
+                        f"default {default!r} for {op_type} is not listed in 'precisions'",
+                    ),
+                    hint=f"add {default} to the block's precisions or default to fp32",
+                )
         for precision, modes in block.get("capabilities", {}).items():
             if precision not in precisions:
                 raise CapabilityError(
@@ -407,6 +418,7 @@ def _spec_from_block(
             tuple(c.split(" + ")) for c in block.get("valid_mixed_precision", [])
         ],
         recipes={name: tuple(values) for name, values in block.get("recipes", {}).items()},
+        defaults=dict(block.get("defaults", {})),
     )
 
 
@@ -444,6 +456,7 @@ def load_capability(
         for name, values in spec.recipes.items():
             known = merged.recipes.get(name, ())
             merged.recipes[name] = (*known, *(v for v in values if v not in known))
+        merged.defaults.update(spec.defaults)  # a later file may change a default
         merged.version_block += f", {picked} ({Path(file).name})"
         merged.source += f", {file}"
     assert merged is not None

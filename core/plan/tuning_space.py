@@ -38,6 +38,9 @@ class TuningSpace:
     #: Model-wide options the strategy may vary (capability ``recipes`` the user did not
     #: fix): name -> values, the default (already in ``options``) first.
     recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Ops the default config keeps in a float precision (capability ``defaults``); a
+    #: strategy may still quantize them with any of their ``choices``.
+    float_defaults: dict[OpKey, str] = field(default_factory=dict)
 
     @property
     def ops(self) -> list[OpKey]:
@@ -57,11 +60,17 @@ class TuningSpace:
 
     def make(self, ops: Mapping[OpKey, OpConfig]) -> TuneConfig:
         """A TuneConfig from per-op choices; forced ops always keep their forced choice."""
-        merged = {key: ops.get(key, self.choices[key][0]) for key in self.choices}
+        merged = {key: ops[key] if key in ops else self.default_choice(key) for key in self.choices}
         merged.update(self.forced)
         return TuneConfig(
             ops=merged, calib_sampling_size=self.calib_sampling_size, options=dict(self.options)
         )
+
+    def default_choice(self, key: OpKey) -> OpConfig:
+        """What the default config does with op ``key``."""
+        if key in self.float_defaults:
+            return OpConfig.fallback(self.float_defaults[key])
+        return self.choices[key][0]
 
     def default(self) -> TuneConfig:
         return self.make({})
@@ -104,6 +113,7 @@ def build_tuning_space(
     choices: dict[OpKey, list[OpConfig]] = {}
     fallbacks: dict[OpKey, tuple[str, ...]] = {}
     forced: dict[OpKey, OpConfig] = {}
+    float_defaults: dict[OpKey, str] = {}
     override_hits: dict[str, int] = {}
 
     for key in capability.opwise:
@@ -117,13 +127,17 @@ def build_tuning_space(
             if _mode_allowed(cfg.mode, config.approach, has_calib_data)
             and not _uses_excluded(cfg, excluded)
         ]
-        configs.sort(key=lambda cfg: _MODE_ORDER.get(cfg.mode or "", 9))
+        default = capability.defaults.get(op_type)
+        configs.sort(key=lambda cfg: (cfg.mode != default, _MODE_ORDER.get(cfg.mode or "", 9)))
+        if default in FLOAT_PRECISIONS and default in fallbacks[key]:
+            float_defaults[key] = default
         preferred = [cfg for cfg in configs if _matches(cfg, config.op_defaults)]
         configs = preferred or configs
         for source, pattern, override in _overrides_for(config, name, op_type):
             override_hits[f"{source}[{pattern!r}]"] = (
                 override_hits.get(f"{source}[{pattern!r}]", 0) + 1
             )
+            float_defaults.pop(key, None)  # the user said what this op should be
             precision = override if isinstance(override, str) else override.get("precision")
             if precision in FLOAT_PRECISIONS:
                 forced[key] = OpConfig.fallback(precision)
@@ -171,6 +185,7 @@ def build_tuning_space(
         options,
         ruled_out,
         recipes,
+        {key: p for key, p in float_defaults.items() if key not in forced and choices[key]},
     )
 
 

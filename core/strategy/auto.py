@@ -18,7 +18,8 @@
    damage is gone, one further down the graph becomes visible.
 6. With ``exit_policy="best"`` and budget left: win back fallen ops greedily and try the
    other options of each op type and the other recipe values (e.g. latency-aware
-   quantization, which keeps in fp32 what int8 makes slower on this machine).
+   quantization, which keeps in fp32 what int8 makes slower on this machine), and
+   quantizing the op types the capability keeps float by default (``defaults``).
 """
 
 from __future__ import annotations
@@ -214,13 +215,22 @@ class AutoStrategy(Strategy):
         cfg = best.config() if best is not None and best.tune_cfg is not None else fallback_cfg
         assert cfg is not None
         candidates = [Candidate(c, f"recipe {name}") for name, c in ctx.space.recipe_variants(cfg)]
-        for op_type in ctx.space.op_types():
-            keys = [k for k in ctx.space.tunable_ops if k[1] == op_type and cfg.ops[k].quantized]
+        space = ctx.space
+        for op_type in space.op_types():
+            keys = [k for k in space.tunable_ops if k[1] == op_type and cfg.ops[k].quantized]
             if keys:
-                for variant in ctx.space.op_type_variants(op_type)[1:4]:
+                for variant in space.op_type_variants(op_type)[1:4]:
                     candidates.append(
                         Candidate(cfg.with_ops(dict.fromkeys(keys, variant)), f"op-type {op_type}")
                     )
+            floats = [
+                k
+                for k in space.tunable_ops
+                if k[1] == op_type and k in space.float_defaults and not cfg.ops[k].quantized
+            ]
+            if floats:  # float by the capability's default: int8 may still pay here
+                changes = {k: space.choices[k][0] for k in floats}
+                candidates.append(Candidate(cfg.with_ops(changes), f"quantize op type {op_type}"))
         if candidates:
             yield candidates
 
