@@ -63,7 +63,7 @@ def test_a_users_override_beats_the_capability_default(tmp_path):
 def test_a_float_default_must_be_a_listed_precision(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(CAPABILITY_YAML + "  defaults:\n    MatMul: fp16\n")
-    with pytest.raises(lpq.CapabilityError, match="fp16.*not listed in 'precisions'") as info:
+    with pytest.raises(lpq.CapabilityError, match=r"fp16.*not listed in 'precisions'") as info:
         lpq.load_capability(path, "fake", None)
     assert "bad.yaml:" in str(info.value), "the error names the file and line"
     path.write_text(CAPABILITY_YAML + "  defaults:\n    MatMul: int4\n")
