@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .cache import one_run, run_cache
 from .config import PostTrainingQuantConfig
 from .errors import ConfigError, TuningError
 from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, batch_size, split_batch
@@ -181,6 +182,7 @@ def _resolve_metric(pm: PluginManager, metric: str | Metric | None, has_labels: 
     return metric
 
 
+@one_run
 def fit(
     model: Any,
     conf: PostTrainingQuantConfig | None = None,
@@ -309,6 +311,7 @@ def fit(
         history.baseline = baseline
         history.write()
         runner.cache_dir = history.folder / "cache"
+        run_cache().attach(runner.cache_dir)  # what the baseline and capability query made
         executor.start(runner)
         strategy = pm.create_strategy(criterion.strategy, **criterion.strategy_options)
         driver = TuningDriver(
@@ -416,6 +419,7 @@ def _finish(
     )
 
 
+@one_run
 def quantize(
     model: Any,
     conf: PostTrainingQuantConfig | None = None,

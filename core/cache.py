@@ -9,26 +9,32 @@ memory and, during a tuning run, as files under ``<workspace>/<run key>/cache/``
 workers of that run find them (all of them on one machine; on a cluster, with a shared
 filesystem, or else each machine builds its own once).
 
-Adaptors call :func:`run_cache` (a :class:`RunCache`; outside a tuning run it is a
-memory-only cache for the process) and ``get_or_compute`` with a save/load pair.
+Adaptors call :func:`run_cache` (a :class:`RunCache`; outside ``lpq.fit`` /
+``lpq.quantize`` it is a memory-only cache for the process) and ``get_or_compute`` with a
+save/load pair. One call of ``fit`` or ``quantize`` is one run: everything it asks the
+adaptor — the capability query, the fp32 baseline, sensitivity inspections, every trial
+— sees the same cache, so what the capability query prepared (an exported graph) is
+there for the first trial, and it is released when the call returns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
 from .fileio import atomic_write
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Objects kept in memory per cache (least recently used dropped first).
 MEMORY_ITEMS = 16
@@ -117,6 +123,19 @@ class RunCache:
         with self._lock:
             self._memory.clear()
 
+    def attach(self, folder: str | Path) -> None:
+        """Give this cache its folder once the run has one (the run key needs the fp32
+        baseline, measured inside the cache): from now on ``using_run_cache(folder)`` in
+        this process — and in workers forked later — is this object, memory included."""
+        self.folder = Path(folder).resolve()
+        _folder_caches[self.folder] = self
+
+    def detach(self) -> None:
+        """End of the run: drop what is held in memory (files stay for a resume)."""
+        self.clear_memory()
+        if self.folder is not None and _folder_caches.get(self.folder) is self:
+            del _folder_caches[self.folder]
+
 
 _process_cache = RunCache()
 _current: contextvars.ContextVar[RunCache | None] = contextvars.ContextVar(
@@ -131,11 +150,14 @@ def run_cache() -> RunCache:
 
 
 @contextlib.contextmanager
-def using_run_cache(folder: str | Path | None) -> Iterator[RunCache]:
+def using_run_cache(folder: str | Path | RunCache | None) -> Iterator[RunCache]:
     """Make the cache at ``folder`` current (one object per folder per process, so its
-    memory survives from trial to trial). ``None``: the process's memory-only cache."""
+    memory survives from trial to trial). ``None``: the process's memory-only cache; a
+    :class:`RunCache`: that cache."""
     cache = _process_cache
-    if folder is not None:
+    if isinstance(folder, RunCache):
+        cache = folder
+    elif folder is not None:
         resolved = Path(folder).resolve()
         cache = _folder_caches.setdefault(resolved, RunCache(resolved))
     token = _current.set(cache)
@@ -143,3 +165,19 @@ def using_run_cache(folder: str | Path | None) -> Iterator[RunCache]:
         yield cache
     finally:
         _current.reset(token)
+
+
+def one_run(func: Callable[P, T]) -> Callable[P, T]:
+    """Run ``func`` (``lpq.fit``, ``lpq.quantize``) in a fresh run cache of its own,
+    released when it returns."""
+
+    @functools.wraps(func)
+    def in_own_cache(*args: P.args, **kwargs: P.kwargs) -> T:
+        cache = RunCache()
+        try:
+            with using_run_cache(cache):
+                return func(*args, **kwargs)
+        finally:
+            cache.detach()
+
+    return in_own_cache

@@ -103,3 +103,54 @@ def test_calibration_is_computed_once_per_run_across_worker_processes(lpq_plugin
     cache_files = list((result.history_path.parent / "cache" / "fake-calibration").iterdir())
     assert len(cache_files) == 1
     assert json.loads(result.history_path.read_text())["trials"]
+
+
+class PreparingAdaptor(FakeAdaptorPlugin):
+    """Prepares the model (an export, say) in the capability query, through the run
+    cache, and needs the same prepared model in every trial and in the fp32 baseline."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.prepared = 0
+        self.caches: set[int] = set()
+
+    def prepare(self, model) -> list:
+        def compute() -> list:
+            self.prepared += 1
+            return list(model.ops)
+
+        self.caches.add(id(lpq.run_cache()))
+        return lpq.run_cache().get_or_compute("fake-prepared", "model", compute)
+
+    @lpq.hookimpl
+    def lpq_query_fw_capability(self, framework, model, dataloader, options):
+        if framework == "fake":
+            self.prepare(model)
+        return super().lpq_query_fw_capability(framework, model, dataloader, options)
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        self.prepare(model)
+        return FakeQuantizedModel(model, tune_cfg)
+
+
+def test_one_fit_is_one_run_from_capability_query_to_last_trial(lpq_plugin, tmp_path):
+    plugin = PreparingAdaptor(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(4)]
+    model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.004 for i in range(4)})
+    conf = lpq.PostTrainingQuantConfig(
+        tuning_criterion=lpq.TuningCriterion(strategy="basic", max_trials=4, exit_policy="best")
+    )
+    calib = [np.zeros((4, 1), np.float32)]
+    evaluation = [(np.zeros((100, 1), np.float32), np.arange(100) % 10)]
+    result = lpq.fit(model, conf, calib, eval_dataloader=evaluation, workspace=tmp_path / "ws")
+    assert len(result.trials) > 1
+    assert plugin.prepared == 1, "the capability query's preparation served every trial"
+    assert len(plugin.caches) == 1, "capability query and trials saw one cache"
+    assert lpq.run_cache().folder is None, "the run ended with the call"
+    lpq.quantize(model, None, calib)
+    assert plugin.prepared == 2, "a new call is a new run: nothing stale is reused"
+    assert len(plugin.caches) == 2
