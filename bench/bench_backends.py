@@ -41,7 +41,7 @@ from torch import nn  # noqa: E402
 from torch_testmodels import calib_loader, digits, train  # noqa: E402
 
 import lpq  # noqa: E402
-from lpq.cli.deploy import deploy  # noqa: E402
+from lpq import deploy  # noqa: E402
 from lpq_torch.backends import verify  # noqa: E402
 from lpq_torch.backends.profiles import PROFILES  # noqa: E402
 from lpq_torch.backends.quantize import quantize_for_backend  # noqa: E402

@@ -40,8 +40,8 @@ from .plugins.types import AdaptorInfo, BackendProfile, Example
 
 if TYPE_CHECKING:
     from .api import QuantizedModel, TuningResult, fit, quantize
-    from .cli.deploy import DeployResult, deploy
     from .config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
+    from .deployment import DeployResult, deploy
     from .eval.metrics import F1, MSE, Agreement, CosineSimilarity, TopK
     from .plan.backend import QuantScheme, RuledOut, TensorScheme
     from .plan.capability_loader import load_capability, validate_capability_file
@@ -72,8 +72,8 @@ _LAZY = {
     "QuantScheme": "plan.backend",
     "TensorScheme": "plan.backend",
     "RuledOut": "plan.backend",
-    "deploy": "cli.deploy",
-    "DeployResult": "cli.deploy",
+    "deploy": "deployment",
+    "DeployResult": "deployment",
     "AccuracyCriterion": "config",
     "PostTrainingQuantConfig": "config",
     "TuningCriterion": "config",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.cli.deploy import deploy
+from lpq import deploy
 from lpq.testing.fake_adaptor import FakeAdaptorPlugin, FakeModel, FakeQuantizedModel
 
 CALIB = [np.zeros((4, 1), np.float32)]

@@ -74,7 +74,7 @@ def test_quantize_and_deploy_for_the_example_backend(acme_site: FakeSite, tmp_pa
     torch = pytest.importorskip("torch", reason="the end-to-end part needs lpq-torch")
     from torch import nn
 
-    from lpq.cli.deploy import deploy
+    from lpq import deploy
 
     torch.manual_seed(0)
     model = nn.Sequential(
