@@ -1,10 +1,13 @@
 """The tuning driver: runs a strategy's proposals through an executor, keeps the score.
 
-It is the strategy's :class:`~lpq.strategy.TuningContext`. For each proposed batch it
-replays trials that already finished (this run or an earlier, interrupted one), gives
-new trials their ids in proposal order, enforces the budget, hands the new trials to the
-executor (a batch of one runs right here, keeping its model), and records every outcome
-in the history the moment it arrives. It alone writes the history.
+It is the strategy's :class:`~lpq.strategy.TuningContext`. Before the first trial it
+warms the adaptor's per-run state in this process (:meth:`TuningDriver.warm`), so worker
+processes forked later inherit it and workers elsewhere find it in the run cache. For
+each proposed batch it replays trials that already finished (this run or an earlier,
+interrupted one), gives new trials their ids in proposal order, enforces the budget,
+hands the new trials to the executor (a batch of one runs right here, keeping its
+model), and records every outcome in the history the moment it arrives. It alone writes
+the history.
 """
 
 from __future__ import annotations
@@ -12,17 +15,19 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import PostTrainingQuantConfig
+from ..errors import DataError
 from ..plan.tune_config import OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
+from ..strategy.auto import calibration_variants
 from ..strategy.base import Candidate, StopTuning, Strategy, TuningContext
 from .executors import Executor, TrialOutcome
 from .history import TuningHistory
 from .records import TrialRecord
-from .runner import TrialRunner, TrialSpec
+from .runner import LatencyRule, TrialRunner, TrialSpec
 from .sensitivity import SensitivityProbe
 
 logger = logging.getLogger("lpq")
@@ -77,11 +82,31 @@ class TuningDriver(TuningContext):
         self.sensitivity = SensitivityProbe(
             runner.framework, runner.model, space, sensitivity_data, self._model_for
         )
+        #: Candidates that miss the accuracy goal get no latency pass (see LatencyRule).
+        self.latency_rule = LatencyRule(
+            baseline.accuracy, config.accuracy_criterion, higher_is_better
+        )
+        #: Models the warm-up quantized, by fingerprint, for the trial that asks first.
+        self._prebuilt: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the loop
 
     def run(self, strategy: Strategy) -> None:
-        """Walk ``strategy`` to its end or until the exit policy stops it."""
+        """Warm the per-run state, then walk ``strategy`` to its end or until the exit
+        policy stops it. How long each phase took goes to the history (``timing``)."""
+        prepare_s = self.warm()
+        started = time.monotonic()
+        try:
+            self._walk(strategy)
+        finally:
+            self._prebuilt.clear()
+            self.history.extra["timing"] = {
+                "prepare_s": prepare_s,
+                "trials_s": time.monotonic() - started,
+            }
+        self._time_the_answer()
+
+    def _walk(self, strategy: Strategy) -> None:
         try:
             if not strategy.proposes:
                 strategy.traverse(self)
@@ -92,6 +117,55 @@ class TuningDriver(TuningContext):
                 batch = proposals.send(self.run_batch(batch))
         except (StopIteration, StopTuning):
             return
+
+    def _time_the_answer(self) -> None:
+        """No candidate met the goal, so the answer is the most accurate one, which the
+        latency rule did not time: time it now (the run reports its speed too)."""
+        answer = self.best_any
+        if (
+            self._best is not None
+            or answer is None
+            or answer.latency_ms is not None
+            or self.baseline.latency_ms is None
+        ):
+            return
+        model = self.chosen_model(answer)
+        self.models[answer.fingerprint] = model
+        answer.latency_ms = self.runner.evaluation.latency(model)
+        self.history.write()
+
+    def warm(self) -> float:
+        """Quantize the default config here, before any worker exists; return seconds.
+
+        The adaptor builds its per-run state on the way (prepared model, calibration
+        statistics in :func:`lpq.run_cache`): forked workers inherit it, Ray workers
+        load it from the run's cache folder, and no worker computes it again. With
+        parallel workers, the default is also quantized with every other calibration
+        algorithm of the space, so an algorithm's statistics are not first computed in
+        whichever worker meets it. The default's model is kept for its trial (usually
+        the first), so a serial run repeats nothing; a serial re-run whose default trial
+        finished warms nothing. Errors are left to the trials.
+        """
+        start = time.monotonic()
+        default = self.space.default()
+        configs = [default]
+        if self.executor.workers > 1 and self.executor.name != "serial":
+            configs += [cfg for _, cfg in calibration_variants(self.space, default)]
+        elif self.history.finished(default.fingerprint()) is not None:
+            return 0.0  # a serial re-run: its trials build what they need, if they run
+        for cfg in configs:
+            if not cfg.quantized_ops():
+                continue
+            try:
+                model = self.runner.quantize(cfg)
+            except DataError:
+                raise
+            except Exception as exc:  # the trial of this config will record it
+                logger.debug("warm-up: quantizing %s failed: %s", cfg.fingerprint(), exc)
+                continue
+            if cfg is default:
+                self._prebuilt[cfg.fingerprint()] = model
+        return time.monotonic() - start
 
     def evaluate(self, cfg: TuneConfig, stage: str = "") -> TrialRecord:
         return self.run_batch([Candidate(cfg, stage)])[0]
@@ -123,7 +197,9 @@ class TuningDriver(TuningContext):
                     self._track(previous, None)
                     results.append(previous)
                 else:
-                    spec = TrialSpec(self._next_index, cfg.to_json(), candidate.stage)
+                    spec = TrialSpec(
+                        self._next_index, cfg.to_json(), candidate.stage, self.latency_rule
+                    )
                     self._next_index += 1
                     to_run.append(spec)
                     results.append(None)
@@ -143,13 +219,19 @@ class TuningDriver(TuningContext):
             self._stop("accuracy goal met")
         return [r for r in final if r is not None]
 
-    def _execute(self, specs: list[TrialSpec]) -> list[TrialOutcome] | Any:
-        if not specs:
-            return []
-        if len(specs) == 1:  # nothing to overlap with: run here and keep the model
-            record, model = self.runner.run(specs[0])
-            return [TrialOutcome(specs[0], record, model)]
-        return self.executor.run(specs)
+    def _execute(self, specs: list[TrialSpec]) -> Iterator[TrialOutcome]:
+        ready, self._prebuilt = self._prebuilt, {}  # only the first trials may use them
+        models = [ready.get(spec.config().fingerprint()) for spec in specs]
+        here = [i for i, model in enumerate(models) if model is not None]
+        if len(specs) - len(here) == 1:
+            here = list(range(len(specs)))  # nothing to overlap with
+        # Run here (keeping the model): a trial whose model the warm-up built, or a lone one.
+        for i in here:
+            record, model = self.runner.run(specs[i], prebuilt=models[i])
+            yield TrialOutcome(specs[i], record, model)
+        rest = [spec for i, spec in enumerate(specs) if i not in here]
+        if rest:
+            yield from self.executor.run(rest)
 
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason

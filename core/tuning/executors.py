@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .gate import Gate
+from .gate import Gate, Pinned, machine_cores, share_of
 from .records import TrialRecord
 from .runner import CoreGate, NoGate, TrialRunner, TrialSpec
 
@@ -96,9 +96,16 @@ _worker_runner: TrialRunner | None = None
 _worker_gate: CoreGate = NoGate()
 
 
-def _init_worker(runner: TrialRunner, gate: Gate) -> None:
+def _init_worker(
+    runner: TrialRunner, gate: Gate, slots: Any, workers: int, cores: list[int] | None
+) -> None:
     global _worker_runner, _worker_gate
     _worker_runner, _worker_gate = runner, gate
+    if cores is not None:  # claim the next share of the cores
+        with slots.get_lock():
+            slot = slots.value
+            slots.value += 1
+        _worker_gate = Pinned(gate, share_of(slot, workers, cores), cores)
 
 
 def _run_in_worker(spec: TrialSpec) -> TrialRecord:
@@ -115,15 +122,18 @@ class ProcessPoolTrialExecutor(Executor):
     model, the data and whatever the adaptor already computed (calibration statistics,
     prepared graphs) without pickling any of it; user callables such as an ``eval_func``
     lambda work too. Latency stays fair through a :class:`~lpq.tuning.gate.Gate`: a
-    worker measures latency only while no other trial runs. A worker that dies (OOM,
+    worker measures latency only while no other trial runs. With ``pin=True`` (the
+    default) each worker runs on its own share of the cores, and on all of them while it
+    measures latency (:class:`~lpq.tuning.gate.Pinned`). A worker that dies (OOM,
     segfault, SIGKILL) breaks the pool; its trials are retried once in a fresh pool, then
     recorded as failed.
     """
 
     name = "process"
 
-    def __init__(self, workers: int = 2, **options: Any) -> None:
+    def __init__(self, workers: int = 2, pin: bool = True, **options: Any) -> None:
         super().__init__(workers, **options)
+        self.pin = pin
         if "fork" not in multiprocessing.get_all_start_methods():
             raise ConfigError(
                 "the process executor needs the 'fork' start method (Linux, macOS)",
@@ -136,11 +146,13 @@ class ProcessPoolTrialExecutor(Executor):
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._gate = Gate.for_processes(self._context)
+            slots = self._context.Value("i", 0)
+            cores = machine_cores() if self.pin else None
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=self._context,
                 initializer=_init_worker,
-                initargs=(self.runner, self._gate),
+                initargs=(self.runner, self._gate, slots, self.workers, cores),
             )
         return self._pool
 

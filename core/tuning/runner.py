@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..cache import using_run_cache
+from ..config import AccuracyCriterion
 from ..errors import DataError, LpqError, TuningError
 from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
 from ..eval.watch import reading
@@ -28,12 +29,32 @@ from .records import TrialRecord
 
 
 @dataclass(frozen=True)
+class LatencyRule:
+    """Which candidates are worth a latency pass: those whose accuracy meets the goal.
+
+    A candidate that misses the accuracy goal can never be the answer (the objective
+    only ranks candidates that meet it), so timing it only costs time — and on one
+    machine, time with every other trial stopped (the latency pass is exclusive).
+    Decided from the accuracy alone, so every executor times the same trials.
+    """
+
+    baseline: float
+    criterion: AccuracyCriterion
+    higher_is_better: bool
+
+    def wants(self, accuracy: float) -> bool:
+        return self.criterion.meets(self.baseline, accuracy, self.higher_is_better)
+
+
+@dataclass(frozen=True)
 class TrialSpec:
-    """What an executor ships per trial: small and picklable."""
+    """What an executor ships per trial: small and picklable. ``latency_if``: time the
+    candidate only when the rule wants it (``None``: always)."""
 
     index: int
     tune_cfg: dict[str, Any]
     stage: str = ""
+    latency_if: LatencyRule | None = None
 
     def config(self) -> TuneConfig:
         return TuneConfig.from_json(self.tune_cfg)
@@ -267,10 +288,13 @@ class TrialRunner:
                 self.framework, self.model, cfg, data, self.train_func
             )
 
-    def run(self, spec: TrialSpec, gate: CoreGate | None = None) -> tuple[TrialRecord, Any]:
+    def run(
+        self, spec: TrialSpec, gate: CoreGate | None = None, *, prebuilt: Any = None
+    ) -> tuple[TrialRecord, Any]:
         """Quantize and evaluate; errors in the candidate become an ``error`` record.
 
         Errors in the user's data are re-raised: every trial would hit them again.
+        ``prebuilt``: the candidate, already quantized (by the driver's warm-up).
         """
         gate = gate or NoGate()
         cfg = spec.config()
@@ -286,7 +310,7 @@ class TrialRunner:
         model = None
         try:
             with using_run_cache(self.cache_dir), gate.shared():
-                model = self._quantize(cfg)
+                model = prebuilt if prebuilt is not None else self._quantize(cfg)
                 (
                     record.quantized_ops,
                     record.fallback_ops,
@@ -296,8 +320,9 @@ class TrialRunner:
                 record.accuracy, record.footprint_bytes = self.evaluation.accuracy(model)
                 if self.measure_size:
                     record.size_bytes = model_size(self.framework, model)
-            with gate.exclusive():
-                record.latency_ms = self.evaluation.latency(model)
+            if spec.latency_if is None or spec.latency_if.wants(record.accuracy):
+                with gate.exclusive():
+                    record.latency_ms = self.evaluation.latency(model)
         except DataError:
             raise
         except Exception as exc:
