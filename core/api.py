@@ -229,6 +229,8 @@ def fit(
     framework = conf.framework or pm.detect_framework(model)
     # The space first: a config mistake must not wait for a long fp32 pass.
     space = _tuning_space(pm, conf, framework, model, calib)
+    if conf.tuning_criterion.objective == "performance":
+        _latency_aware_first(space, searchable=True)
     if not space.tunable_ops and not space.forced:
         raise TuningError(
             f"the {framework} adaptor found nothing to quantize in this model",
@@ -336,6 +338,21 @@ def fit(
     return result
 
 
+def _latency_aware_first(space: TuningSpace, *, searchable: bool) -> None:
+    """Start from latency-aware quantization where the adaptor offers it and the user
+    did not choose: the default config then never makes an op slower than fp32, which is
+    what ``lpq quantize`` promises and where tuning for speed should start. ``fit`` may
+    still search the other value (``searchable``); ``quantize`` runs one config."""
+    values = space.recipes.get("latency_aware", ())
+    if True not in values:
+        return
+    space.options["latency_aware"] = True
+    if searchable:
+        space.recipes["latency_aware"] = (True, *(v for v in values if v is not True))
+    else:
+        del space.recipes["latency_aware"]
+
+
 def _first_batch_size(loader: Any) -> int | None:
     """Samples in the first batch of ``loader`` (latency is measured per such batch)."""
     first = next(iter(loader), None) if loader is not None else None
@@ -438,9 +455,7 @@ def quantize(
     framework = conf.framework or pm.detect_framework(model)
     if tune_cfg is None:
         space = _tuning_space(pm, conf, framework, model, calib)
+        _latency_aware_first(space, searchable=False)
         tune_cfg = space.default()
-        if True in space.recipes.get("latency_aware", ()):
-            # One configuration, no tuning: the adaptor should not make anything slower.
-            tune_cfg = tune_cfg.with_options({"latency_aware": True})
     result = pm.quantize(framework, model, tune_cfg, calib)
     return QuantizedModel(model=result, framework=framework, tune_cfg=tune_cfg)

@@ -83,7 +83,8 @@ def test_fit_without_labels_on_a_sequence_model(tmp_path: Path):
         str(model),
         lpq.PostTrainingQuantConfig(
             accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.2),
-            tuning_criterion=lpq.TuningCriterion(max_trials=3),
+            # One tiny MatMul is not reliably faster in int8: size, not timing, decides.
+            tuning_criterion=lpq.TuningCriterion(max_trials=3, objective="modelsize"),
         ),
         calib_dataloader=lpq.ArrayLoader(x[:16], batch_size=16),
         eval_dataloader=lpq.ArrayLoader(x[16:], batch_size=16),

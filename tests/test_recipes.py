@@ -116,6 +116,12 @@ class SlowUnlessLatencyAware(SmoothingAdaptor):
     """Quantized models measure slower than fp32 unless ``latency_aware`` is on (what
     int8 islands between float ops do on a real CPU)."""
 
+    fast_option = "latency_aware"
+
+    def __init__(self, folder: Path, recipes: str = RECIPES) -> None:
+        super().__init__(folder)
+        self.capability_file.write_text(CAPABILITY_YAML + recipes)
+
     @lpq.hookimpl
     def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
         result = super().lpq_evaluate(
@@ -125,14 +131,23 @@ class SlowUnlessLatencyAware(SmoothingAdaptor):
             options = getattr(getattr(model, "tune_cfg", None), "options", None)
             latency = 10.0  # the fp32 model
             if options is not None:  # int8: slower, unless latency-aware
-                latency = 6.0 if options.get("latency_aware") else 13.0
+                latency = 6.0 if options.get(self.fast_option) else 13.0
             measurer.samples.append(latency / 1e3)
             result.latency_ms = measurer.median_ms
         return result
 
 
+class SlowUnlessFused(SlowUnlessLatencyAware):
+    """As above, with a recipe the tuner does not start from (``fuse``)."""
+
+    fast_option = "fuse"
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder, "  recipes:\n    smooth: [false, true]\n    fuse: [false, true]\n")
+
+
 def test_an_accurate_but_slow_candidate_is_sped_up_with_a_recipe(lpq_plugin, tmp_path):
-    lpq_plugin(SlowUnlessLatencyAware(tmp_path), name="fake")
+    lpq_plugin(SlowUnlessFused(tmp_path), name="fake")
     ops = [(f"op{i}", "Conv") for i in range(8)]
     cost = {f"op{i}": 0.0002 for i in range(8)} | {"op3": 0.05}
     conf = lpq.PostTrainingQuantConfig(
@@ -147,6 +162,64 @@ def test_an_accurate_but_slow_candidate_is_sped_up_with_a_recipe(lpq_plugin, tmp
         workspace=tmp_path / "ws",
     )
     assert result.goal_met, [(t.stage, t.accuracy, t.latency_ms) for t in result.trials]
-    assert result.tune_cfg.options["latency_aware"] is True
+    assert result.tune_cfg.options["fuse"] is True
     assert result.best.stage.startswith("speed up with")
     assert result.summary()["latency_speedup"] > 1
+
+
+@pytest.mark.parametrize(("objective", "first"), [("performance", True), ("modelsize", False)])
+def test_tuning_for_speed_starts_latency_aware(lpq_plugin, tmp_path, objective, first):
+    """With the performance objective the first trial is what ``lpq quantize`` gives
+    (latency-aware), and the other value stays searchable."""
+    lpq_plugin(SlowUnlessLatencyAware(tmp_path), name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(4)]
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=12, objective=objective),
+    )
+    result = lpq.fit(
+        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}),
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )
+    default = result.trials[0].config()
+    assert default is not None and default.options["latency_aware"] is first
+    assert result.goal_met
+    if first:
+        assert result.summary()["latency_speedup"] > 1, "the default was already fast"
+
+
+class IntSlowerEverywhere(SlowUnlessLatencyAware):
+    """Latency-aware quantization keeps every op float (int8 is slower everywhere here)."""
+
+    @lpq.hookimpl
+    def lpq_quantized_ops(self, framework, model):
+        if framework != "fake" or not hasattr(model, "tune_cfg"):
+            return None
+        aware = model.tune_cfg.options.get("latency_aware")
+        return {
+            name: "fp32" if aware else cfg.precision
+            for (name, _), cfg in model.tune_cfg.ops.items()
+        }
+
+
+def test_no_calibration_trials_are_spent_on_a_model_that_runs_all_float(lpq_plugin, tmp_path):
+    lpq_plugin(IntSlowerEverywhere(tmp_path), name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(4)]
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=4),
+    )
+    result = lpq.fit(
+        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}),
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )
+    stages = [t.stage for t in result.trials]
+    assert result.trials[0].quantized_ops == 0 and result.trials[0].counts_from == "model"
+    assert not any(s.startswith("calibrate with") for s in stages), stages
+    assert "recipe latency_aware=False" in stages[1:3], "in the batch right after the default"

@@ -64,7 +64,7 @@ class AutoStrategy(Strategy):
         cfg = space.default()
         record = yield from one(cfg, "default")
         fallen: list[OpKey] = []
-        if not ctx.meets_goal(record):
+        if not ctx.meets_goal(record) and not runs_all_float(record):
             cfg, record = yield from self._best_of(
                 ctx, cfg, record, calibration_variants(ctx.space, cfg), "calibrate with"
             )
@@ -233,6 +233,12 @@ class AutoStrategy(Strategy):
                 candidates.append(Candidate(cfg.with_ops(changes), f"quantize op type {op_type}"))
         if candidates:
             yield candidates
+
+
+def runs_all_float(record: TrialRecord) -> bool:
+    """Whether the converted model ran every op in float (read from the model, e.g. when
+    latency-aware quantization found int8 slower everywhere): no calibration can matter."""
+    return record.status == "ok" and record.counts_from == "model" and record.quantized_ops == 0
 
 
 def calibration_variants(space: TuningSpace, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
