@@ -102,11 +102,8 @@ class Agreement(TopK):
         self.name = "agreement"
 
 
-class MSE:
-    """Mean squared error between predictions and targets (lower is better)."""
-
-    name = "mse"
-    higher_is_better = False
+class _Mean:
+    """A metric that is the mean of per-value (or per-sample) scores over all batches."""
 
     def __init__(self) -> None:
         self.reset()
@@ -114,6 +111,16 @@ class MSE:
     def reset(self) -> None:
         self.sum = 0.0
         self.count = 0
+
+    def result(self) -> float:
+        return self.sum / self.count if self.count else 0.0
+
+
+class MSE(_Mean):
+    """Mean squared error between predictions and targets (lower is better)."""
+
+    name = "mse"
+    higher_is_better = False
 
     def update(self, preds: Any, labels: Any) -> None:
         _require_labels(self.name, labels)
@@ -123,11 +130,8 @@ class MSE:
         self.sum += float(np.square(p.reshape(-1) - t.reshape(-1)).sum())
         self.count += p.size
 
-    def result(self) -> float:
-        return self.sum / self.count if self.count else 0.0
 
-
-class CosineSimilarity:
+class CosineSimilarity(_Mean):
     """Mean per-sample cosine similarity between predictions and targets.
 
     For outputs of one value per sample (``(N,)`` or ``(N, 1)``), where a per-sample cosine
@@ -136,13 +140,6 @@ class CosineSimilarity:
 
     name = "cosine"
     higher_is_better = True
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.sum = 0.0
-        self.count = 0
 
     def update(self, preds: Any, labels: Any) -> None:
         _require_labels(self.name, labels)
@@ -158,9 +155,6 @@ class CosineSimilarity:
         sims = np.where(denom > 0, (p * t).sum(axis=1) / np.maximum(denom, 1e-30), 1.0)
         self.sum += float(sims.sum()) * weight
         self.count += len(sims) * weight
-
-    def result(self) -> float:
-        return self.sum / self.count if self.count else 0.0
 
 
 class F1:
