@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import PostTrainingQuantConfig
@@ -86,6 +86,32 @@ class TuningSpace:
             for value in values:
                 if cfg.options.get(name) != value:
                     variants.append((f"{name}={value}", cfg.with_options({name: value})))
+        return variants
+
+    def calibration_variants(self, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
+        """``cfg`` with every op's activation algorithm switched to each other algorithm
+        the space allows (ops that don't allow it keep theirs), labelled by algorithm."""
+        current = {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
+        algorithms = dict.fromkeys(
+            choice.activation.algorithm
+            for key in self.tunable_ops
+            for choice in self.choices[key]
+            if choice.quantized and choice.activation is not None
+        )
+        variants = []
+        for algorithm in algorithms:
+            if algorithm in current:
+                continue
+            changes = {}
+            for key in self.tunable_ops:
+                op = cfg.ops[key]
+                if not op.quantized or op.activation is None:
+                    continue
+                wanted = replace(op, activation=replace(op.activation, algorithm=algorithm))
+                if wanted in self.choices[key]:
+                    changes[key] = wanted
+            if changes:
+                variants.append((algorithm, cfg.with_ops(changes)))
         return variants
 
     def op_type_variants(self, op_type: str) -> list[OpConfig]:

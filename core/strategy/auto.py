@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import replace
 
 from ..plan.tune_config import OpKey, TuneConfig
-from ..plan.tuning_space import TuningSpace
 from ..tuning.records import TrialRecord
 from .base import (
     Candidate,
@@ -66,7 +64,7 @@ class AutoStrategy(Strategy):
         fallen: list[OpKey] = []
         if not ctx.meets_goal(record) and not runs_all_float(record):
             cfg, record = yield from self._best_of(
-                ctx, cfg, record, calibration_variants(ctx.space, cfg), "calibrate with"
+                ctx, cfg, record, ctx.space.calibration_variants(cfg), "calibrate with"
             )
         if not ctx.meets_goal(record):
             cfg, record = yield from self._best_of(
@@ -239,30 +237,3 @@ def runs_all_float(record: TrialRecord) -> bool:
     """Whether the converted model ran every op in float (read from the model, e.g. when
     latency-aware quantization found int8 slower everywhere): no calibration can matter."""
     return record.status == "ok" and record.counts_from == "model" and record.quantized_ops == 0
-
-
-def calibration_variants(space: TuningSpace, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
-    """``cfg`` with every op's activation algorithm switched to each other algorithm the
-    space allows (ops that don't allow it keep theirs)."""
-    current = {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
-    algorithms = dict.fromkeys(
-        choice.activation.algorithm
-        for key in space.tunable_ops
-        for choice in space.choices[key]
-        if choice.quantized and choice.activation is not None
-    )
-    variants = []
-    for algorithm in algorithms:
-        if algorithm in current:
-            continue
-        changes = {}
-        for key in space.tunable_ops:
-            op = cfg.ops[key]
-            if not op.quantized or op.activation is None:
-                continue
-            wanted = replace(op, activation=replace(op.activation, algorithm=algorithm))
-            if wanted in space.choices[key]:
-                changes[key] = wanted
-        if changes:
-            variants.append((algorithm, cfg.with_ops(changes)))
-    return variants

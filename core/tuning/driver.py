@@ -22,7 +22,6 @@ from ..config import PostTrainingQuantConfig
 from ..errors import DataError
 from ..plan.tune_config import OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
-from ..strategy.auto import calibration_variants
 from ..strategy.base import Candidate, StopTuning, Strategy, TuningContext
 from .executors import Executor, TrialOutcome
 from .history import TuningHistory
@@ -150,7 +149,7 @@ class TuningDriver(TuningContext):
         default = self.space.default()
         configs = [default]
         if self.executor.workers > 1 and self.executor.name != "serial":
-            configs += [cfg for _, cfg in calibration_variants(self.space, default)]
+            configs += [cfg for _, cfg in self.space.calibration_variants(default)]
         elif self.history.finished(default.fingerprint()) is not None:
             return 0.0  # a serial re-run: its trials build what they need, if they run
         for cfg in configs:
