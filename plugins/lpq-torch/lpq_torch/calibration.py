@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver
 
 from lpq import ConfigError, split_batch, take_samples
@@ -76,12 +77,31 @@ def activation_observer(algorithm: str) -> type[Any]:
 
 def calibrate(
     prepared: torch.fx.GraphModule, dataloader: Iterable[Any] | None, samples: int
-) -> None:
-    """Run up to ``samples`` samples through the observers (QAT: initialises scales)."""
+) -> list[tuple[float, float]]:
+    """Run up to ``samples`` samples through the observers (QAT: initialises scales).
+
+    Returns the observed (min, max) of each float output of the model, in pytree order:
+    what :func:`lpq_torch.edit.quantize_input` needs to hand out integer outputs.
+    """
+    ranges: list[tuple[float, float]] = []
     if dataloader is None:
-        return
+        return ranges
     with torch.no_grad():
         for item in take_samples(dataloader, max(1, samples)):
             args = call_args(split_batch(item)[0])
             with stage("calibrate", f"a batch {describe(args)}"):
-                prepared(*args[0], **args[1])
+                outputs = prepared(*args[0], **args[1])
+            ranges = _widened(ranges, outputs)
+    return ranges
+
+
+def _widened(ranges: list[tuple[float, float]], outputs: Any) -> list[tuple[float, float]]:
+    leaves = [
+        t
+        for t in pytree.tree_leaves(outputs)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    found = [(float(t.min()), float(t.max())) for t in leaves if t.numel()]
+    if not ranges or len(ranges) != len(found):
+        return found
+    return [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(ranges, found)]

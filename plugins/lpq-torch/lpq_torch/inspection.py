@@ -10,7 +10,11 @@ What is captured for an op: its output, taken *after* a directly following batch
 prepare_pt2e folds batch norm into the conv weights, so the quantized conv node already
 produces "conv + bn"; capturing after the fp32 batch norm makes both sides comparable.
 Quantized values are captured as the dequantized float tensors the graph computes with.
-Weights are the values feeding the op (dequantized for quantized models).
+Weights are the values feeding the op (dequantized for quantized models), named
+``<op name>.weight`` / ``<op name>.bias`` (for an ``nn.Module`` op that is the parameter's
+qualified name, e.g. ``features.0.weight``): unique in the model, the same for the fp32
+and the quantized model, and what :func:`lpq_torch.edit.set_tensor` takes. A quantized
+conv1d that lpq runs as a conv2d (:mod:`lpq_torch.lowering`) is shown 3-D, as in fp32.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from lpq import ConfigError, DataError, Inspection, split_batch
 
-from . import dynamic, graph, prepare
+from . import dynamic, graph, lowering, prepare
 from .data import CallArgs, call_args, describe, first_batch, first_line, require_module
 from .errors import framework_error, stage
 from .quantize import TUNE_CFG_ATTR
@@ -36,6 +40,22 @@ def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().float().cpu().numpy()
     return np.asarray(value, dtype=np.float32)
+
+
+def tensor_name(op: str, label: str) -> str:
+    """The name of an op's weight (``label`` ``weight``) or bias in inspection and set_tensor."""
+    return f"{op}.{label}"
+
+
+def weight_args(node: torch.fx.Node) -> dict[str, torch.fx.Node]:
+    """``{"weight": ..., "bias": ...}``: the nodes feeding a conv/linear op's weight and bias."""
+    if graph.op_type_of(node) == "matmul":
+        return {}  # activation x activation: no weights
+    return {
+        label: arg
+        for label, arg in zip(("weight", "bias"), node.args[1:3])
+        if isinstance(arg, torch.fx.Node)
+    }
 
 
 def _activation_node(node: torch.fx.Node) -> torch.fx.Node:
@@ -52,9 +72,15 @@ def _activation_node(node: torch.fx.Node) -> torch.fx.Node:
 class _Capture(torch.fx.Interpreter):
     """Runs a graph and records the outputs of chosen nodes (a node-level forward hook)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, wanted: dict[torch.fx.Node, Any]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        wanted: dict[torch.fx.Node, Any],
+        squeeze: set[torch.fx.Node] | None = None,
+    ) -> None:
         super().__init__(gm)
         self.wanted = wanted
+        self.squeeze = squeeze or set()
         self.seen: dict[Any, Any] = {}
         self.node: torch.fx.Node | None = None
 
@@ -62,7 +88,7 @@ class _Capture(torch.fx.Interpreter):
         self.node = n
         result = super().run_node(n)
         if n in self.wanted:
-            self.seen[self.wanted[n]] = result
+            self.seen[self.wanted[n]] = result.squeeze(-1) if n in self.squeeze else result
         return result
 
     def where(self) -> str:
@@ -124,24 +150,25 @@ def inspect_tensor(
             hint="use op names from the capability query",
         )
     wanted: dict[torch.fx.Node, Any] = {}
+    squeeze: set[torch.fx.Node] = set()  # 3-D tensors lpq computes 4-D (conv1d as conv2d)
     if kind in ("activation", "both"):
         for name in names:
             wanted[_activation_node(nodes[name])] = ("act", name)
+            if lowering.is_conv1d_as_conv2d(nodes[name]):
+                squeeze.add(nodes[name])
     if kind in ("weight", "both"):
         for name in names:
-            node = nodes[name]
-            if graph.op_type_of(node) == "matmul":
-                continue  # activation x activation: no weights
-            for label, arg in zip(("weight", "bias"), node.args[1:3]):
-                if isinstance(arg, torch.fx.Node):
-                    wanted[arg] = ("w", name, label)
+            for label, arg in weight_args(nodes[name]).items():
+                wanted[arg] = ("w", name, tensor_name(name, label))
+                if label == "weight" and lowering.is_conv1d_as_conv2d(nodes[name]):
+                    squeeze.add(arg)
     result = Inspection()
     batches = 0
     with torch.no_grad():
         for item in dataloader:
             if iteration is not None and batches >= iteration:
                 break
-            capture = _Capture(gm, wanted)
+            capture = _Capture(gm, wanted, squeeze)
             _run(capture, call_args(split_batch(item)[0]), quantized)
             for tag, value in capture.seen.items():
                 if tag[0] == "act":
@@ -174,7 +201,7 @@ def _inspect_modules(
             weight = getattr(modules[name], "weight", None)
             if isinstance(weight, torch.Tensor):
                 value = weight.dequantize() if hasattr(weight, "dequantize") else weight
-                result.weights[name] = {"weight": _to_numpy(value)}
+                result.weights[name] = {tensor_name(name, "weight"): _to_numpy(value)}
     seen: dict[str, Any] = {}
     handles = [
         modules[name].register_forward_hook(

@@ -32,6 +32,10 @@ from .data import require_module
 from .prepare import EXAMPLE_ATTR, example_for
 from .quantize import TUNE_CFG_ATTR
 
+#: Attribute of a model with integer inputs/outputs (same as :data:`lpq_torch.edit.IO_ATTR`;
+#: not imported from there, which imports this package's heavier modules).
+IO_ATTR = "_lpq_io"
+
 SUFFIX = ".pt2"
 _META = "lpq.json"
 
@@ -49,7 +53,11 @@ def save(model: Any, path: Path) -> Path:
         program = prepare.export(module, example)  # a converted graph: export it as it is
     else:
         program = prepare.exported_program(module, example)  # the run's fp32 export
-    meta = {"format": "lpq-torch/1", "tune_cfg": getattr(module, TUNE_CFG_ATTR, None)}
+    meta = {
+        "format": "lpq-torch/1",
+        "tune_cfg": getattr(module, TUNE_CFG_ATTR, None),
+        "io": getattr(module, IO_ATTR, None),  # integer inputs/outputs (quantize_input)
+    }
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write into a private folder beside the target under the final file name (the
     # archive's inner folder is named after the file), then move it into place.
@@ -138,6 +146,8 @@ def load(path: Path) -> torch.fx.GraphModule:
         meta = {}
     if meta.get("tune_cfg") is not None:
         setattr(module, TUNE_CFG_ATTR, meta["tune_cfg"])
+    if meta.get("io"):
+        setattr(module, IO_ATTR, meta["io"])
     if not any(graph.quantizable_nodes(module)):
         graph.stamp_op_names(module)
     return module

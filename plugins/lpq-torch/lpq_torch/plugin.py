@@ -185,6 +185,24 @@ def lpq_convert(framework: str, model: Any, target: str, options: dict[str, Any]
 
 
 @lpq.hookimpl
+def lpq_set_tensor(framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from . import edit
+
+    return edit.set_tensor(model, tensor_name, value)
+
+
+@lpq.hookimpl
+def lpq_quantize_input(framework: str, model: Any, options: dict[str, Any]) -> Any | None:
+    if framework != FRAMEWORK:
+        return None
+    from . import edit
+
+    return edit.quantize_input(model, options)
+
+
+@lpq.hookimpl
 def lpq_save_model(framework: str, model: Any, path: Path) -> Path | None:
     if framework != FRAMEWORK:
         return None

@@ -29,7 +29,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 
 from lpq import ConfigError, OpConfig, TuneConfig
 
-from . import convert, dynamic, graph, prepare
+from . import convert, dynamic, graph, lowering, prepare
 from .calibration import calibrate
 from .data import at_least_two, first_batch, require_module
 from .errors import stage
@@ -39,6 +39,8 @@ from .quantizer import Group, LpqX86Quantizer
 
 #: Attribute holding the tune_cfg (JSON) the model was quantized with.
 TUNE_CFG_ATTR = "_lpq_tune_cfg"
+#: Attribute holding the calibrated (min, max) of each float output (for integer outputs).
+OUTPUT_RANGES_ATTR = "_lpq_output_ranges"
 
 
 def quantize(
@@ -90,7 +92,7 @@ def _pt2e(
         quantizer = LpqX86Quantizer(_groups(tune_cfg, qat=qat))
         with stage("prepare", "torchao prepare_pt2e with the x86 recipe"):
             prepared = prepare_qat_pt2e(gm, quantizer) if qat else prepare_pt2e(gm, quantizer)
-        calibrate(prepared, calib_dataloader, tune_cfg.calib_sampling_size)
+        output_ranges = calibrate(prepared, calib_dataloader, tune_cfg.calib_sampling_size)
         if train_func is not None:
             prepared.apply(enable_range_learning)
             move_exported_model_to_train(prepared)
@@ -101,7 +103,9 @@ def _pt2e(
             move_exported_model_to_eval(prepared)
             result = convert_pt2e(prepared)
             move_exported_model_to_eval(result)
+        lowering.conv1d_as_conv2d(result)  # Inductor drops a quantized conv1d's stride
         drop_unused_tensors(result)
+        setattr(result, OUTPUT_RANGES_ATTR, output_ranges)
     else:
         result = gm
         if qat:
