@@ -61,6 +61,17 @@ def test_a_recipe_set_by_the_user_or_a_profile_is_not_searched(tmp_path):
     assert list(space.recipes) == ["smooth"]
 
 
+def tune(model: FakeModel, conf: lpq.PostTrainingQuantConfig, tmp_path: Path):
+    """``lpq.fit`` on the fake adaptor, labelled data of 1000 samples."""
+    return lpq.fit(
+        model,
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )
+
+
 class SmoothingAdaptor(FakeAdaptorPlugin):
     """Its 'smooth' recipe halves every op's accuracy cost, as SmoothQuant does for
     outlier-heavy MatMuls."""
@@ -88,13 +99,7 @@ def test_auto_tries_recipes_before_falling_back_ops(lpq_plugin, tmp_path):
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=10),
     )
-    result = lpq.fit(
-        model,
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
-    )
+    result = tune(model, conf, tmp_path)
     assert result.goal_met
     assert result.tune_cfg.options["smooth"] is True
     assert result.best.quantized_ops == 10, "the recipe, not a fallback, met the goal"
@@ -154,13 +159,7 @@ def test_an_accurate_but_slow_candidate_is_sped_up_with_a_recipe(lpq_plugin, tmp
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=20),
     )
-    result = lpq.fit(
-        FakeModel(ops=ops, sensitivity=cost),
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
-    )
+    result = tune(FakeModel(ops=ops, sensitivity=cost), conf, tmp_path)
     assert result.goal_met, [(t.stage, t.accuracy, t.latency_ms) for t in result.trials]
     assert result.tune_cfg.options["fuse"] is True
     assert result.best.stage.startswith("speed up with")
@@ -177,12 +176,8 @@ def test_tuning_for_speed_starts_latency_aware(lpq_plugin, tmp_path, objective, 
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=12, objective=objective),
     )
-    result = lpq.fit(
-        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}),
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
+    result = tune(
+        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}), conf, tmp_path
     )
     default = result.trials[0].config()
     assert default is not None and default.options["latency_aware"] is first
@@ -212,12 +207,8 @@ def test_no_calibration_trials_are_spent_on_a_model_that_runs_all_float(lpq_plug
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=4),
     )
-    result = lpq.fit(
-        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}),
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
+    result = tune(
+        FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)}), conf, tmp_path
     )
     stages = [t.stage for t in result.trials]
     assert result.trials[0].quantized_ops == 0 and result.trials[0].counts_from == "model"
