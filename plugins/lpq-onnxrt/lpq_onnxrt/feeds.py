@@ -137,3 +137,39 @@ def iter_batches(
     for item in take_samples(dataloader, max_samples):
         inputs, labels = split_batch(item)
         yield make_feed(specs, inputs), labels
+
+
+def batched_feed(
+    specs: list[InputSpec], feeds: Iterable[Mapping[str, np.ndarray]], batch_size: int
+) -> dict[str, np.ndarray]:
+    """One feed of ``batch_size`` samples built from ``feeds`` (cycled when they hold fewer).
+
+    Samples are stacked along each input's batch axis: its first symbolic dimension (a
+    recurrent state ``[2, N, 128]`` batches on axis 1); inputs without one (a scalar sample
+    rate) are taken from the first feed. Used to time a model at the batch it is deployed
+    at rather than at the calibration batch.
+    """
+    pool = [dict(feed) for feed in feeds]
+    if not pool:
+        raise DataError("no data to build a timing batch from", hint="pass calibration data")
+    axes: dict[str, int | None] = {}
+    for spec in specs:
+        dims = spec.shape
+        if dims is None:
+            axes[spec.name] = 0 if np.ndim(pool[0][spec.name]) else None
+        else:
+            axes[spec.name] = next((i for i, d in enumerate(dims) if d is None), None)
+    out: dict[str, np.ndarray] = {}
+    for name, first in pool[0].items():
+        axis = axes.get(name, 0 if np.ndim(first) else None)
+        if axis is None or np.ndim(first) <= axis:
+            out[name] = first
+            continue
+        parts, count, index = [], 0, 0
+        while count < batch_size:
+            part = np.asarray(pool[index % len(pool)][name])
+            parts.append(part)
+            count += max(1, part.shape[axis])
+            index += 1
+        out[name] = np.take(np.concatenate(parts, axis=axis), range(batch_size), axis=axis)
+    return out

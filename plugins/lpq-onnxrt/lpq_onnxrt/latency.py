@@ -7,6 +7,10 @@ Rather than guess, this module *measures* on the machine at hand, in context:
 
 1. format: the full int8 plan in QDQ and in QOperator (when the user did not pick one);
    the faster one is kept;
+1b. dynamic int8 for the static ops that have a constant weight and a dynamic option
+   (MatMul: the Q/K/V/FFN projections of a transformer): kept when it is faster, or as
+   fast and no less faithful to fp32 on the measuring batch (activation ranges computed
+   per run never clip, and one DynamicQuantizeLinear serves the three projections);
 2. op types, most expensive first: the plan with every op of that type in fp32 against the
    current plan; the type goes back to fp32 when the model gets faster;
 3. single ops the profiler blames (their int8 node plus the Q/DQ nodes around them cost
@@ -32,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -43,12 +47,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/1"
-#: A change must make the model this much faster (relative) to be kept.
+_CACHE_FORMAT = "lpq-onnxrt-latency/3"
+#: A change must make the model this much faster (relative) to be kept; a change that
+#: only gains fidelity (an op type back to fp32) is kept when it costs no more than this.
 DEFAULT_MARGIN = 0.03
+#: Dynamic int8 is kept when it is at most this much slower than the static plan and more
+#: faithful to fp32 (static activations clip or waste range; dynamic ones never do).
+DYNAMIC_TIE = 0.10
+#: Small models (at most this many int8 ops left) get a fidelity step: each op alone back
+#: in fp32; those that cut the output error by ``FIDELITY_GAIN`` are kept fp32 together
+#: when that costs no more than the margin.
+FIDELITY_MAX_OPS = 16
+FIDELITY_GAIN = 0.2
+#: A change that makes the model faster but its output error this much larger is kept
+#: only when it is faster by ``DYNAMIC_TIE`` (a clear win, not timing noise).
+FIDELITY_SLACK = 0.05
+#: Calibration batches the output error is measured on.
+ERROR_BATCHES = 32
 
-#: builds the model with these ops (names) left in fp32, in this format ("qdq"/"qoperator").
-Builder = Callable[[frozenset[str], str], "onnx.ModelProto"]
+
+class Builder(Protocol):
+    """Builds the model with ``fp32_ops`` left in fp32, the static ops in ``fmt``
+    ("qdq"/"qoperator") and ``dynamic_ops`` quantized dynamically."""
+
+    def __call__(
+        self, fp32_ops: frozenset[str], fmt: str, dynamic_ops: frozenset[str] = ..., /
+    ) -> onnx.ModelProto: ...
+
+
 #: median seconds per run of each model (by label), timed interleaved on ``feed``.
 Timer = Callable[[Mapping[str, "onnx.ModelProto"], Mapping[str, np.ndarray]], dict[str, float]]
 
@@ -59,12 +85,19 @@ class LatencyDecision:
 
     fp32_ops: list[str]
     quant_format: str
+    #: static ops that run dynamically quantized instead (measured faster / as fast)
+    dynamic_ops: list[str] = field(default_factory=list)
     #: human-readable log of each comparison: (what, seconds before, seconds after, kept)
     steps: list[dict[str, Any]] = field(default_factory=list)
     cached: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"fp32_ops": self.fp32_ops, "quant_format": self.quant_format, "steps": self.steps}
+        return {
+            "fp32_ops": self.fp32_ops,
+            "quant_format": self.quant_format,
+            "dynamic_ops": self.dynamic_ops,
+            "steps": self.steps,
+        }
 
 
 def enabled(options: Mapping[str, Any]) -> bool:
@@ -142,7 +175,11 @@ def load_cached(folder: Path, key: str) -> LatencyDecision | None:
         if data.get("format") != _CACHE_FORMAT:
             return None
         return LatencyDecision(
-            list(data["fp32_ops"]), str(data["quant_format"]), list(data["steps"]), cached=True
+            list(data["fp32_ops"]),
+            str(data["quant_format"]),
+            list(data.get("dynamic_ops", [])),
+            list(data["steps"]),
+            cached=True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -196,6 +233,45 @@ def ort_timer(options: Mapping[str, Any], budget_s: float = 1.0, min_runs: int =
     return measure
 
 
+def output_error(
+    options: Mapping[str, Any],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    fp32_model: onnx.ModelProto,
+) -> Callable[[onnx.ModelProto], float]:
+    """An ``error`` function: a model's relative L2 output error against fp32 over ``feeds``
+    (a few calibration batches; float outputs, pooled), for choices that must not cost
+    fidelity. One batch is not enough: a stream's first chunk may be silence."""
+    from .session import create_session
+
+    options = measuring_options(options)
+    reference: list[np.ndarray] = []
+
+    def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
+        """Per float output, its values over all feeds (flattened, concatenated)."""
+        session = create_session(model, options)
+        per_output: dict[int, list[np.ndarray]] = {}
+        for feed in feeds:
+            for index, value in enumerate(session.run(None, dict(feed))):
+                array = np.asarray(value)
+                if np.issubdtype(array.dtype, np.floating):
+                    per_output.setdefault(index, []).append(array.astype(np.float64).ravel())
+        return [np.concatenate(parts) for _, parts in sorted(per_output.items())]
+
+    def error(model: onnx.ModelProto) -> float:
+        # Mean over outputs of each one's relative error: a large recurrent state must not
+        # drown the one number a VAD or classifier outputs.
+        if not reference:
+            reference.extend(outputs(fp32_model))
+        got = outputs(model)
+        per = [
+            float(np.linalg.norm(a - b) / max(float(np.linalg.norm(a)), 1e-30))
+            for a, b in zip(reference, got, strict=True)
+        ]
+        return float(np.mean(per)) if per else 0.0
+
+    return error
+
+
 # --------------------------------------------------------------------------- search
 
 
@@ -209,26 +285,53 @@ def decide(
     timer: Timer,
     margin: float = DEFAULT_MARGIN,
     blame: Callable[[onnx.ModelProto, frozenset[str]], list[str]] | None = None,
+    dynamic: Sequence[str] = (),
+    error: Callable[[onnx.ModelProto], float] | None = None,
 ) -> LatencyDecision:
-    """Measure and decide which of ``ops`` (name, op type) stay fp32; see the module doc."""
+    """Measure and decide which of ``ops`` (name, op type) stay fp32 and which of
+    ``dynamic`` (names of static ops that may run dynamically quantized) do; see the
+    module doc. ``error(model)``: its output error against fp32 on the measuring batch."""
     steps: list[dict[str, Any]] = []
+    seen: dict[int, tuple[onnx.ModelProto, float]] = {}  # the model is kept: ids stay unique
 
-    def better(current: onnx.ModelProto, candidate: onnx.ModelProto, what: str) -> bool:
+    def errors(model: onnx.ModelProto) -> float:
+        assert error is not None
+        if id(model) not in seen:  # the current model is compared again and again
+            seen[id(model)] = (model, error(model))
+        return seen[id(model)][1]
+
+    def better(
+        current: onnx.ModelProto,
+        candidate: onnx.ModelProto,
+        what: str,
+        *,
+        tie: float = 0.0,
+    ) -> bool:
         times = timer({"current": current, "candidate": candidate}, feed)
         kept = times["candidate"] < times["current"] * (1.0 - margin)
-        steps.append(
-            {
-                "change": what,
-                "before_ms": round(times["current"] * 1e3, 4),
-                "after_ms": round(times["candidate"] * 1e3, 4),
-                "kept": kept,
-            }
-        )
+        step: dict[str, Any] = {
+            "change": what,
+            "before_ms": round(times["current"] * 1e3, 4),
+            "after_ms": round(times["candidate"] * 1e3, 4),
+        }
+        as_fast = times["candidate"] <= times["current"] * (1.0 + tie)
+        if error is not None and (kept or (tie > 0 and as_fast)):
+            before, after = errors(current), errors(candidate)
+            step.update(error_before=round(before, 6), error_after=round(after, 6))
+            if not kept:  # as fast: kept when more faithful
+                kept = after < before
+            elif after > before * (1.0 + FIDELITY_SLACK):
+                # Faster but much less faithful: only for a clear win, not timing noise.
+                kept = times["candidate"] < times["current"] * (1.0 - DYNAMIC_TIE)
+        step["kept"] = kept
+        steps.append(step)
         log.info(
-            "latency: %s: %.3f -> %.3f ms (%s)",
+            "latency: %s: %.3f -> %.3f ms, error %s -> %s (%s)",
             what,
             times["current"] * 1e3,
             times["candidate"] * 1e3,
+            step.get("error_before", "-"),
+            step.get("error_after", "-"),
             "kept" if kept else "rejected",
         )
         return kept
@@ -241,6 +344,16 @@ def decide(
         if better(current, candidate, f"format {fmt} -> {other}"):
             fmt, current = other, candidate
 
+    dyn: frozenset[str] = frozenset()
+    # Dynamic ops beside QOperator static ones clash (both name their tensors *_quantized):
+    # the rest stays static in QDQ, so only when QDQ is allowed.
+    types = dict(ops)
+    matmuls = frozenset(name for name in dynamic if types.get(name) == "MatMul")
+    if matmuls and "qdq" in formats:
+        candidate = build(fp32, "qdq", matmuls)
+        if better(current, candidate, f"{len(matmuls)} ops -> dynamic int8", tie=DYNAMIC_TIE):
+            dyn, current, fmt = matmuls, candidate, "qdq"
+
     by_type: dict[str, list[str]] = {}
     for name, op_type in ops:
         by_type.setdefault(op_type, []).append(name)
@@ -249,22 +362,55 @@ def decide(
         trial = fp32 | frozenset(names)
         if len(trial) == len(ops):
             continue  # all-fp32 is checked last, against the fp32 model itself
-        candidate = build(trial, fmt)
-        if better(current, candidate, f"{op_type} ({len(names)} ops) -> fp32"):
+        candidate = build(trial, fmt, dyn - trial)
+        if better(current, candidate, f"{op_type} ({len(names)} ops) -> fp32", tie=margin):
             fp32, current = trial, candidate
 
     if blame is not None:
         suspects = [n for n in blame(current, fp32) if n not in fp32]
         if suspects and len(fp32) + len(suspects) < len(ops):
             trial = fp32 | frozenset(suspects)
-            candidate = build(trial, fmt)
+            candidate = build(trial, fmt, dyn - trial)
             if better(current, candidate, f"{len(suspects)} ops slower in int8 -> fp32"):
                 fp32, current = trial, candidate
+
+    left = [name for name, _ in ops if name not in fp32]
+    if error is not None and 1 < len(left) <= FIDELITY_MAX_OPS:
+        # Fidelity: ops whose int8 costs much output error for little speed. Each op alone
+        # back in fp32 (output error only, no timing); those that remove a good share of
+        # the error are tried together and kept if that costs no more than ``margin``.
+        base = errors(current)
+        helps = []
+        for name in left:
+            lone = error(build(fp32 | {name}, fmt, dyn - {name}))
+            log.info("fidelity: %s alone fp32: output error %.4g -> %.4g", name, base, lone)
+            if lone < base * (1.0 - FIDELITY_GAIN):
+                helps.append(name)
+        if helps and len(helps) < len(left):
+            # First dynamic int8 where the op has it (float output, per-run input range:
+            # what an STFT-like conv over raw audio needs), then fp32.
+            movable = frozenset(helps) & frozenset(dynamic)
+            if movable and "qdq" in formats:
+                try:
+                    candidate = build(fp32, "qdq", dyn | movable)
+                except lpq.LpqError as exc:
+                    log.info("fidelity: dynamic %s not built (%s)", sorted(movable), exc)
+                else:
+                    what = f"{len(movable)} ops that cost fidelity -> dynamic int8"
+                    if better(current, candidate, what, tie=margin):
+                        dyn, current, fmt = dyn | movable, candidate, "qdq"
+                        helps = [name for name in helps if name not in movable]
+            trial = fp32 | frozenset(helps)
+            if helps:
+                candidate = build(trial, fmt, dyn - trial)
+                what = f"{len(helps)} ops that cost fidelity -> fp32"
+                if better(current, candidate, what, tie=margin):
+                    fp32, current = trial, candidate
 
     if better(current, fp32_model, "every op -> fp32"):
         fp32 = frozenset(name for name, _ in ops)
     order = [name for name, _ in ops if name in fp32]
-    return LatencyDecision(order, fmt, steps)
+    return LatencyDecision(order, fmt, [n for n, _ in ops if n in dyn - fp32], steps)
 
 
 # --------------------------------------------------------------------------- profiling

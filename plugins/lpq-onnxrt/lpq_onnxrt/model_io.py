@@ -281,7 +281,10 @@ def _prepare(model: Any, key: str) -> PreparedModel:
     name_nodes(proto)
     normalize_versions(proto)
     original_names = [node.name for node in proto.graph.node]
-    optimized = optimize(proto)
+    # Shapes first: with the dims symbolic inference resolves (a transformer's sequence
+    # length and hidden size), ORT's constant folding removes the Shape -> Gather ->
+    # Unsqueeze -> Concat chains that compute them (as ORT's quant_pre_process does).
+    optimized = optimize(infer_shapes(proto))
     # Optimizations keep the names of surviving nodes; name the nodes they created.
     name_nodes(optimized)
     from .simplify import simplify

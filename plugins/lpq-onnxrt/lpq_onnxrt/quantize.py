@@ -17,6 +17,7 @@ Ops set to fp32 are excluded from every pass. The input model is never modified.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import Counter
@@ -117,24 +118,45 @@ def quantize(
         stats = calibrate(base, model_key)
         float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
 
-        def build(fp32_ops: frozenset[str], form: str) -> onnx.ModelProto:
-            static = {n: c for n, c in groups["static"].items() if n not in fp32_ops}
+        dynamic_configs = _dynamic_alternatives(prepared.model, tune_cfg, groups["static"])
+
+        def build(
+            fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
+        ) -> onnx.ModelProto:
+            static = {
+                n: c
+                for n, c in groups["static"].items()
+                if n not in fp32_ops and n not in dynamic_ops
+            }
             built = model_io.copy_model(base)
             if static:
                 built, _ = _static_pass(built, static, tune_cfg, stats, form)
-            return read_float_inputs(built, base, [*float_ops, *fp32_ops])
+            built = read_float_inputs(built, base, [*float_ops, *fp32_ops, *dynamic_ops])
+            if dynamic_ops:
+                dyn = {n: dynamic_configs[n] for n in dynamic_ops}
+                built = _dynamic_pass(built, dyn, tune_cfg.options)
+            return built
 
         if latency.enabled(tune_cfg.options):
             # Decided on the plain model: the recipes change values, not the graph's shape.
             decision = _latency_decision(
-                prepared, tune_cfg, groups["static"], calib_dataloader, fmt, build
+                prepared,
+                tune_cfg,
+                groups["static"],
+                calib_dataloader,
+                fmt,
+                build,
+                list(dynamic_configs),
             )
             fmt = decision.quant_format
-            dropped = {
+            changed: dict[tuple[str, str], OpConfig] = {
                 key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in set(decision.fp32_ops)
             }
-            effective = tune_cfg.with_ops(dropped)
-            for name in decision.fp32_ops:
+            for key in tune_cfg.ops:
+                if key[0] in set(decision.dynamic_ops):
+                    changed[key] = groups["dynamic"][key[0]] = dynamic_configs[key[0]]
+            effective = tune_cfg.with_ops(changed)
+            for name in [*decision.fp32_ops, *decision.dynamic_ops]:
                 groups["static"].pop(name, None)
         if fmt == "auto":
             fmt = "qdq"
@@ -177,6 +199,48 @@ def quantize(
     )
 
 
+def _dynamic_alternatives(
+    model: onnx.ModelProto, tune_cfg: TuneConfig, static_ops: Mapping[str, OpConfig]
+) -> dict[str, OpConfig]:
+    """The static ops latency-aware quantization may run dynamically instead (the capability
+    offers them dynamic mode: a constant weight), each with the capability's first dynamic
+    config. Only MatMuls are tried for speed (ORT's ConvInteger has no fast kernel); a conv
+    only where int8 costs the model much fidelity (see :func:`latency.decide`)."""
+    from .capability import build_capability
+
+    wanted = [key for key in tune_cfg.ops if key[0] in static_ops]
+    if not wanted:
+        return {}
+    capability = build_capability(model, tune_cfg.options)
+    found: dict[str, OpConfig] = {}
+    for key in wanted:
+        if key not in capability.opwise:
+            continue
+        choice = next((c for c in capability.op_configs(key) if c.mode == "dynamic"), None)
+        if choice is not None:
+            found[key[0]] = choice
+    return found
+
+
+def _latency_batch_size(options: Mapping[str, Any]) -> int | None:
+    """``latency_batch_size`` (or env ``LPQ_LATENCY_BATCH_SIZE``): the batch to time at."""
+    import os
+
+    value = options.get("latency_batch_size") or os.environ.get("LPQ_LATENCY_BATCH_SIZE")
+    if value in (None, "", 0, "0"):
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1:
+        raise ConfigError(
+            f"latency_batch_size must be a whole number >= 1, not {value!r}",
+            hint="set it to the batch size the model is deployed at (e.g. 8)",
+        )
+    return size
+
+
 def _latency_decision(
     prepared: model_io.PreparedModel,
     tune_cfg: TuneConfig,
@@ -184,12 +248,17 @@ def _latency_decision(
     calib_dataloader: Iterable[Any],
     fmt: str,
     build: latency.Builder,
+    dynamic: list[str],
 ) -> latency.LatencyDecision:
-    """Measure (or read from the cache) which static ops int8 makes slower here."""
+    """Measure (or read from the cache) which static ops int8 makes slower here, and which
+    run faster (or as fast, more faithfully) dynamically quantized."""
+    from .feeds import batched_feed, input_specs
+
     options = tune_cfg.options
-    feed = next(
-        ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
-    )
+    feeds = ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
+    batch = _latency_batch_size(options)
+    # At the batch the user deploys: calibration samples stacked (cycled); else the first.
+    feed = next(feeds) if batch is None else batched_feed(input_specs(prepared.model), feeds, batch)
     plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
     key = latency.cache_key(prepared.key, feed, plan, options)
     folder = latency.cache_dir(options)
@@ -210,6 +279,19 @@ def _latency_decision(
         timer=timer,
         margin=float(options.get("latency_margin", latency.DEFAULT_MARGIN)),
         blame=blame,
+        dynamic=dynamic,
+        error=latency.output_error(
+            options,
+            list(
+                itertools.islice(
+                    ranges.limited_feeds(
+                        prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
+                    ),
+                    latency.ERROR_BATCHES,
+                )
+            ),
+            prepared.model,
+        ),
     )
     latency.store(folder, key, decision)
     return decision

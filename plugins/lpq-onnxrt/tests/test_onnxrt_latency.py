@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,10 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
     candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
     stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
 
-    def build(fp32_ops: frozenset[str], fmt: str) -> onnx.ModelProto:
+    def build(
+        fp32_ops: frozenset[str], fmt: str, dynamic_ops: frozenset[str] = frozenset()
+    ) -> onnx.ModelProto:
+        assert not dynamic_ops  # no op is offered dynamic here
         ops = {n: c for (n, _), c in cfg.ops.items() if n not in fp32_ops}
         model = model_io.copy_model(prepared.model)
         if ops:
@@ -152,3 +156,130 @@ def test_latency_aware_option_is_validated():
     assert latency.enabled({"latency_aware": "off"}) is False
     with pytest.raises(lpq.ConfigError):
         latency.enabled({"latency_aware": "sometimes"})
+
+
+def _mlp_seconds(model: onnx.ModelProto, seconds: dict[str, float]) -> float:
+    """Scripted time of the MLP: per MatMul, its fp32 / static int8 / dynamic int8 cost."""
+    dynamic = sum(node.op_type == "MatMulInteger" for node in model.graph.node)
+    static = len(_int8_ops(model, ["mm1", "mm2"])) - dynamic  # MatMulInteger counts too
+    fp32 = 2 - dynamic - static
+    return fp32 * seconds["fp32"] + static * seconds["static"] + dynamic * seconds["dynamic"]
+
+
+def _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, seconds, **options):
+    """lpq quantize (latency-aware) of the MLP with scripted timings per MatMul (fp32 /
+    static int8 / dynamic int8); output errors are real. No decision cache."""
+    calls: list[dict[str, tuple[int, ...]]] = []
+    monkeypatch.setattr(latency, "load_cached", lambda folder, key: None)
+
+    def scripted(options: Any, budget_s: float = 1.0) -> Any:
+        def measure(models: Any, feed: Any) -> dict[str, float]:
+            calls.append({k: np.shape(v) for k, v in feed.items()})
+            return {label: _mlp_seconds(model, seconds) for label, model in models.items()}
+
+        return measure
+
+    monkeypatch.setattr(latency, "ort_timer", scripted)
+    monkeypatch.setattr(latency, "profile_blame", lambda *a: None)
+    cap = pm.query_capability(FW, mlp_model, calib_loader, {})
+    cfg = lpq.TuneConfig(
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        calib_sampling_size=64,
+        options={"latency_aware": True, **options},
+    )
+    assert all(c.mode == "static" for c in cfg.ops.values())
+    return pm.quantize(FW, mlp_model, cfg, calib_loader), calls
+
+
+def test_matmuls_go_dynamic_when_as_fast_and_more_faithful(
+    pm, mlp_model, calib_loader, eval_loader, monkeypatch
+):
+    qmodel, _ = _quantize_mlp(
+        pm, mlp_model, calib_loader, monkeypatch, {"fp32": 3.0, "static": 1.0, "dynamic": 1.05}
+    )
+    assert sorted(qmodel.latency["dynamic_ops"]) == ["mm1", "mm2"]
+    step = next(s for s in qmodel.latency["steps"] if "dynamic" in s["change"])
+    assert step["kept"] and step["error_after"] < step["error_before"]
+    ops = Counter(node.op_type for node in qmodel.proto.graph.node)
+    assert ops["MatMulInteger"] == 2 and ops["QuantizeLinear"] == 0
+    assert {c.mode for c in qmodel.tune_cfg.ops.values()} == {"dynamic"}
+    fp32 = pm.evaluate(FW, mlp_model, eval_loader, [lpq.TopK(1)]).accuracy
+    assert pm.evaluate(FW, qmodel, eval_loader, [lpq.TopK(1)]).accuracy >= fp32 - 0.02
+
+
+def test_matmuls_stay_static_when_dynamic_is_slower(pm, mlp_model, calib_loader, monkeypatch):
+    qmodel, _ = _quantize_mlp(
+        pm, mlp_model, calib_loader, monkeypatch, {"fp32": 3.0, "static": 1.0, "dynamic": 1.5}
+    )
+    assert qmodel.latency["dynamic_ops"] == []
+    ops = Counter(node.op_type for node in qmodel.proto.graph.node)
+    assert ops["MatMulInteger"] == 0 and ops["QuantizeLinear"] > 0
+
+
+def test_latency_batch_size_times_at_the_deployment_batch(pm, mlp_model, calib_loader, monkeypatch):
+    times = {"fp32": 3.0, "static": 1.0, "dynamic": 1.5}
+    _, calls = _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, times)
+    assert calls and {c["x"][0] for c in calls} == {calib_loader.batch_size}
+    _, calls = _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, times, latency_batch_size=48)
+    assert calls and {c["x"] for c in calls} == {(48, 1, 8, 8)}
+    with pytest.raises(lpq.ConfigError, match="latency_batch_size"):
+        _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, times, latency_batch_size=-2)
+
+
+def test_batched_feed_stacks_on_each_inputs_batch_axis():
+    from lpq_onnxrt.feeds import InputSpec, batched_feed
+
+    specs = [
+        InputSpec("input", np.float32, (None, 576)),
+        InputSpec("state", np.float32, (2, None, 128)),
+        InputSpec("sr", np.int64, ()),
+    ]
+    feeds = [
+        {
+            "input": np.full((1, 576), i, np.float32),
+            "state": np.full((2, 1, 128), i, np.float32),
+            "sr": np.array(16000),
+        }
+        for i in range(3)
+    ]
+    out = batched_feed(specs, feeds, 8)
+    assert out["input"].shape == (8, 576) and out["state"].shape == (2, 8, 128)
+    assert out["sr"].shape == ()
+    # samples cycle through the feeds: 0, 1, 2, 0, 1, 2, 0, 1
+    assert list(out["input"][:, 0]) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert list(out["state"][0, :, 0]) == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
+def test_a_faster_but_much_less_faithful_change_needs_a_clear_win(digits_parts):
+    """Timing noise must not buy speed with fidelity: with a real output error, a change
+    3-10% faster that makes the output error much worse is rejected."""
+    names = [n for n, _ in digits_parts["ops"]]
+    timer = ScriptedTimer(
+        {n: (1.0, 0.5) if t == "Conv" else (1.0, 3.0) for n, t in digits_parts["ops"]}, names
+    )
+    decision = latency.decide(
+        digits_parts["build"],
+        digits_parts["prepared"].model,
+        digits_parts["ops"],
+        digits_parts["feed"],
+        formats=("qdq",),
+        timer=timer,
+        error=lambda m: 1.0 / (1 + len(_int8_ops(m, names))),  # fp32 ops *raise* the error
+    )
+    # Gemm/MatMul back in fp32 is 3x faster per op (a clear win): kept despite the error.
+    assert set(decision.fp32_ops) == {n for n, t in digits_parts["ops"] if t != "Conv"}
+    # A 5% gain that raises the error is not a clear win: rejected.
+    slight = ScriptedTimer(
+        {n: (1.0, 0.5) if t == "Conv" else (1.0, 1.05) for n, t in digits_parts["ops"]}, names
+    )
+    decision = latency.decide(
+        digits_parts["build"],
+        digits_parts["prepared"].model,
+        digits_parts["ops"],
+        digits_parts["feed"],
+        formats=("qdq",),
+        timer=slight,
+        error=lambda m: 1.0 / (1 + len(_int8_ops(m, names))),
+    )
+    assert decision.fp32_ops == []
+    assert any("error_after" in step and not step["kept"] for step in decision.steps)
