@@ -15,18 +15,21 @@ fails too is it the data's fault (:class:`lpq.DataError`).
 Timing: the accuracy pass runs every batch once (it also warms the compiled model up).
 Then up to :data:`TIMED_BATCHES` batches are run :data:`WARMUP` more times untimed and
 timed over rounds until :data:`MIN_ROUNDS` rounds and :data:`MIN_SECONDS` have passed
-(at most :data:`MAX_ROUNDS`); the measurer gets each batch's fastest run and reports the
+(at most :data:`MAX_ROUNDS`); the measurer gets each batch's median run and reports the
 median over batches. One timing of each batch, as a plain accuracy pass gives, swung by
-2x on this shared machine; other jobs only add time, so the fastest run is the stable
-number.
+2x on this shared machine, hence the rounds. The median, not the fastest run: the
+fastest of many runs of a sub-millisecond model and of a 100 ms model are not equally
+far from their typical time under load, so speedups from fastest runs disagreed with
+interleaved benchmarks (which report medians) by 10-25%; lpq-core times the fp32 model
+and the chosen one alternately at the end of ``fit``, so both medians see the same load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -198,18 +201,14 @@ def evaluate(
 
 
 def time_batches(forward: Forward, batches: list[CallArgs], measurer: LatencyMeasurer) -> float:
-    """Warm up, then time rounds over ``batches``; the measurer gets each batch's fastest run.
-
-    On a shared machine other jobs only ever add time, and how much changes over minutes
-    (between the baseline's measurement and a trial's). The fastest of several runs of the
-    same batch is what the model costs; the median over batches of those is reported.
-    """
+    """Warm up, then time rounds over ``batches``; the measurer gets each batch's median run
+    and reports the median over batches (see the module doc for why the median)."""
     if not batches:
         raise DataError("the evaluation dataloader yielded no batches", hint="pass data")
     for _ in range(WARMUP):
         for args in batches:
             forward(args)
-    fastest = [math.inf] * len(batches)
+    runs: list[list[float]] = [[] for _ in batches]
     start = time.perf_counter()
     rounds = 0
     while rounds < MAX_ROUNDS and (
@@ -218,10 +217,10 @@ def time_batches(forward: Forward, batches: list[CallArgs], measurer: LatencyMea
         for i, args in enumerate(batches):
             began = time.perf_counter()
             forward(args)
-            fastest[i] = min(fastest[i], time.perf_counter() - began)
+            runs[i].append(time.perf_counter() - began)
         rounds += 1
     measurer.reset()
-    measurer.samples.extend(fastest)
+    measurer.samples.extend(statistics.median(times) for times in runs)
     median = measurer.median_ms
     assert median is not None
     return median

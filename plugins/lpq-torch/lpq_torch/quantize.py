@@ -5,6 +5,10 @@ float conv/linear ops. Run eagerly it *simulates* int8 (exact arithmetic, no spe
 ``torch.compile`` with Inductor freezing fuses the q/dq patterns into oneDNN int8 kernels,
 which is where the speedup comes from (see :mod:`lpq_torch.evaluate`).
 
+With the ``latency_aware`` option (the capability's recipe: on for ``lpq.quantize``,
+searched by ``lpq.fit``) ops that int8 makes slower on this machine stay in fp32, by
+measurement (:mod:`lpq_torch.latency`).
+
 Quantization-aware training: with a ``train_func``, the model is exported in train mode,
 prepared with ``prepare_qat_pt2e`` (fake quantizers are torchao's
 ``LearnableFakeQuantize``: their scale and zero point get gradients), calibrated once so
@@ -29,7 +33,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 
 from lpq import ConfigError, OpConfig, TuneConfig
 
-from . import convert, dynamic, graph, lowering, prepare
+from . import convert, dynamic, graph, latency, lowering, prepare
 from .calibration import calibrate
 from .data import at_least_two, first_batch, require_module
 from .errors import stage
@@ -59,6 +63,14 @@ def quantize(
         result: torch.nn.Module = dynamic.quantize(module, tune_cfg)
     else:
         result = _pt2e(module, tune_cfg, calib_dataloader, train_func, args)
+        if not qat and latency.wanted(tune_cfg):
+            result = latency.choose(
+                module,
+                tune_cfg,
+                args,
+                result,
+                lambda cfg: _pt2e(module, cfg, calib_dataloader, None, args),
+            )
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     return result

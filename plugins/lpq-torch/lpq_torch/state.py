@@ -5,8 +5,11 @@ every trial's quantization, inspection, evaluation. Exporting that model (second
 transformer) and compiling a model for timing are the expensive steps, so both are done
 once and reused. Everything remembered lives in a :class:`RunState`, keyed by the model
 *object* (weak references: nothing outlives the model; no ``id()`` keys that a new object
-could reuse). Hooks reach it through :func:`current`; when lpq-core hands adaptors a
-per-run state, :func:`use` swaps it in without touching the modules that read it.
+could reuse). Hooks reach it through :func:`current`: the object lives in lpq's run cache
+(:func:`lpq.run_cache`), so one call of ``lpq.fit`` / ``lpq.quantize`` (capability query,
+baseline, sensitivity, every trial) shares one state and lpq releases it when the call
+returns; outside those calls it is the process's. :func:`use` pins a state explicitly (a
+test that must start from nothing).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+import lpq
 
 #: Positional and keyword arguments of one model call (see :mod:`lpq_torch.data`).
 CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -45,22 +50,28 @@ class RunState:
     compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    #: Latency-aware decisions (:mod:`lpq_torch.latency`): plan key -> ops kept in fp32.
+    latency: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, frozenset[str]]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
 
-_current = RunState()
+_pinned: RunState | None = None
 
 
 def current() -> RunState:
-    """The state hooks read and write now."""
-    return _current
+    """The state hooks read and write now: the pinned one, else the run cache's."""
+    if _pinned is not None:
+        return _pinned
+    return lpq.run_cache().get_or_compute("lpq-torch-state", "run", RunState)
 
 
 @contextlib.contextmanager
 def use(state: RunState) -> Iterator[RunState]:
     """Make ``state`` current for the duration of the block (one run, or one test)."""
-    global _current
-    previous, _current = _current, state
+    global _pinned
+    previous, _pinned = _pinned, state
     try:
         yield state
     finally:
-        _current = previous
+        _pinned = previous
