@@ -8,8 +8,9 @@ Keras models are exported with ``model.export(dir)`` and converted with
 ``TFLiteConverter.from_saved_model``, the path TensorFlow maintains (``from_keras_model``
 dumps a SavedModel to stdout, ``from_concrete_functions`` makes Keras 3 models that fail
 at run time). The float ``.tflite`` is what lpq lists ops from, what the fp32 baseline
-runs in LiteRT, and what ai-edge-quantizer quantizes. A prepared model is cached per
-model (per object and weights, or per file and mtime), so a tuning run converts once.
+runs in LiteRT, and what ai-edge-quantizer quantizes. A prepared model is kept in the
+run cache (``lpq.run_cache()``, per model object and weights, or per file and mtime), so
+a tuning run converts once and the conversion is released when the run ends.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import atexit
 import hashlib
 import shutil
 import tempfile
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lpq
 from lpq import ModelError
 
 from . import graph as graph_mod
@@ -30,8 +31,6 @@ from .naming import op_names
 from .plugin import _file_kind, _is_keras_model
 from .tfenv import import_tf, quietly
 
-_CACHE: OrderedDict[tuple[Any, ...], Prepared] = OrderedDict()
-_CACHE_SIZE = 4
 _SUPPORTED = "a Keras model, a .keras file, a SavedModel directory or a float .tflite file"
 
 
@@ -207,11 +206,5 @@ def _from_tflite(path: Path) -> Prepared:
 
 
 def _cached(key: tuple[Any, ...], make: Any) -> Prepared:
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
-    prepared: Prepared = make()
-    _CACHE[key] = prepared
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    prepared: Prepared = lpq.run_cache().get_or_compute("tf-prepared", lpq.content_key(key), make)
     return prepared
