@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,24 @@ from models import Feed, Suite
 
 HERE = Path(__file__).resolve().parent
 QUARK_PYTHON = HERE / ".venv-quark" / "bin" / "python"
+#: Seconds one Quark quantization may take (its best-accuracy config runs AdaRound /
+#: AdaQuant for many minutes on the larger models); a slower run is a "timed out" row.
+QUARK_TIMEOUT_S = float(os.environ.get("QUARK_TIMEOUT_S", "900"))
+#: Seconds lpq.fit may tune one model (its own timeout; the best trial so far is kept).
+TUNE_TIMEOUT_S = float(os.environ.get("TUNE_TIMEOUT_S", "0"))
+
+
+@contextlib.contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """Run a peer tool inside a temporary working directory: ORT's shape inference and
+    Quark write helper files into the current directory, which must not be the checkout."""
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="real-models-") as folder:
+        os.chdir(folder)
+        try:
+            yield Path(folder)
+        finally:
+            os.chdir(previous)
 
 
 def session(path: Path, threads: int = 1) -> Any:
@@ -43,13 +64,14 @@ def preprocess(src: Path, folder: Path) -> Path:
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    target = folder / "ort-pre.onnx"
+    target = (folder / "ort-pre.onnx").resolve()
     if target.exists():
         return target
-    try:
-        quant_pre_process(str(src), str(target))
-    except Exception:  # symbolic shape inference gives up on some real graphs
-        quant_pre_process(str(src), str(target), skip_symbolic_shape=True)
+    with scratch_dir():
+        try:
+            quant_pre_process(str(src), str(target))
+        except Exception:  # symbolic shape inference gives up on some real graphs
+            quant_pre_process(str(src), str(target), skip_symbolic_shape=True)
     model = onnx.load(str(target))
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if opset < 13:
@@ -80,22 +102,26 @@ def ort_static(
     )
 
     reader = type("Reader", (_Reader, CalibrationDataReader), {})(calib)
-    quantize_static(
-        str(preprocess(src, target.parent)),
-        str(target),
-        reader,
-        quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
-        activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=per_channel,
-    )
+    source, target = preprocess(src, target.parent), target.resolve()
+    with scratch_dir():
+        quantize_static(
+            str(source),
+            str(target),
+            reader,
+            quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
+            activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+        )
     return target
 
 
 def ort_dynamic(src: Path, target: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(preprocess(src, target.parent)), str(target), weight_type=QuantType.QInt8)
+    source, target = preprocess(src, target.parent), target.resolve()
+    with scratch_dir():
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
     return target
 
 
@@ -112,18 +138,41 @@ def _as_session_source(model: Any) -> Any:
     return str(model)
 
 
-def lpq_default(src: Path, target: Path, calib: list[Feed]) -> tuple[Path, dict[str, Any]]:
-    """``lpq quantize --backend onnxrt-cpu``: static U8S8, latency-aware."""
+@contextlib.contextmanager
+def latency_batch(batch: int | None) -> Iterator[None]:
+    """lpq's latency decisions measured at ``batch`` (``LPQ_LATENCY_BATCH_SIZE``, what a
+    user deploying at that batch sets); None: at the calibration batch."""
+    previous = os.environ.pop("LPQ_LATENCY_BATCH_SIZE", None)
+    if batch is not None:
+        os.environ["LPQ_LATENCY_BATCH_SIZE"] = str(batch)
+    try:
+        yield
+    finally:
+        os.environ.pop("LPQ_LATENCY_BATCH_SIZE", None)
+        if previous is not None:
+            os.environ["LPQ_LATENCY_BATCH_SIZE"] = previous
+
+
+def _latency_info(model: Any) -> dict[str, Any]:
+    latency = getattr(model, "latency", None) or {}
+    return {
+        "fp32_ops": len(latency.get("fp32_ops", [])),
+        "dynamic_ops": len(latency.get("dynamic_ops", [])),
+        "format": latency.get("quant_format"),
+    }
+
+
+def lpq_default(
+    src: Path, target: Path, calib: list[Feed], batch: int | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """``lpq quantize --backend onnxrt-cpu``: U8S8, latency-aware (decisions at ``batch``)."""
     import lpq
 
     conf = lpq.PostTrainingQuantConfig(backend="onnxrt-cpu", calibration_sampling_size=len(calib))
-    result = lpq.quantize(str(src), conf, calib_dataloader=calib)
+    with latency_batch(batch):
+        result = lpq.quantize(str(src), conf, calib_dataloader=calib)
     result.save(target)
-    latency = getattr(result.model, "latency", None) or {}
-    return target, {
-        "fp32_ops": len(latency.get("fp32_ops", [])),
-        "format": latency.get("quant_format"),
-    }
+    return target, {**_latency_info(result.model), "latency_batch": batch or 1}
 
 
 #: lpq's accuracy recipes on top of the defaults (each a tune_cfg option).
@@ -158,18 +207,36 @@ def lpq_tuned(
     conf = lpq.PostTrainingQuantConfig(
         calibration_sampling_size=len(calib),
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=20),
+        tuning_criterion=lpq.TuningCriterion(max_trials=20, timeout=TUNE_TIMEOUT_S),
     )
     result = lpq.fit(str(src), conf, calib_dataloader=calib, eval_func=score, workspace=workspace)
     cfg = result.tune_cfg
     cfg.options["latency_aware"] = True
+    # The chosen configuration, for the batch-8 row (re-quantized with decisions at 8).
+    target.with_suffix(".cfg.json").write_text(json.dumps(cfg.to_json()))
     final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
     final.save(target)
     return target, {
         "trials": len(result.trials),
         "goal_met": bool(result.goal_met),
         "tuned_fidelity": round(float(result.best.accuracy), 4),
+        "stop_reason": result.stop_reason,
+        **_latency_info(final.model),
     }
+
+
+def lpq_tuned_at(
+    src: Path, tuned: Path, target: Path, calib: list[Feed], batch: int
+) -> tuple[Path, dict[str, Any]]:
+    """The tuned configuration (from :func:`lpq_tuned`) with latency decisions at ``batch``."""
+    import lpq
+
+    cfg = lpq.TuneConfig.from_json(json.loads(tuned.with_suffix(".cfg.json").read_text()))
+    conf = lpq.PostTrainingQuantConfig(calibration_sampling_size=len(calib))
+    with latency_batch(batch):
+        final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
+    final.save(target)
+    return target, {**_latency_info(final.model), "latency_batch": batch}
 
 
 def scorer(
@@ -207,19 +274,24 @@ def quark(src: Path, target: Path, calib: list[Feed], config: str) -> tuple[Path
     arrays = {f"{i}__{name}": value for i, feed in enumerate(calib) for name, value in feed.items()}
     np.savez(data, **arrays)
     start = time.perf_counter()
-    done = subprocess.run(
-        [
-            str(QUARK_PYTHON),
-            str(HERE / "quark_worker.py"),
-            str(src),
-            str(target),
-            str(data),
-            config,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    with scratch_dir() as folder:
+        try:
+            done = subprocess.run(
+                [
+                    str(QUARK_PYTHON),
+                    str(HERE / "quark_worker.py"),
+                    str(src.resolve()),
+                    str(target.resolve()),
+                    str(data.resolve()),
+                    config,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=QUARK_TIMEOUT_S,
+                cwd=folder,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"timed out after {QUARK_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0 or not target.exists():
         target.with_suffix(".log").write_text(done.stdout + done.stderr)
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
