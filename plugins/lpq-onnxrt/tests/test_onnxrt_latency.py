@@ -84,7 +84,7 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
     return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "feed": feed}
 
 
-def _decide(parts: dict[str, Any], costs: Any, formats: tuple[str, ...]) -> Any:
+def _decide(parts: dict[str, Any], costs: Any, formats: tuple[str, ...], error: Any = None) -> Any:
     """latency.decide on the digits model with scripted costs: name -> (fp32 s, int8 s)."""
     names = [n for n, _ in parts["ops"]]
     timer = ScriptedTimer({n: costs(n, t) for n, t in parts["ops"]}, names)
@@ -95,6 +95,7 @@ def _decide(parts: dict[str, Any], costs: Any, formats: tuple[str, ...]) -> Any:
         parts["feed"],
         formats=formats,
         timer=timer,
+        error=error,
     )
 
 
@@ -254,32 +255,17 @@ def test_a_faster_but_much_less_faithful_change_needs_a_clear_win(digits_parts):
     """Timing noise must not buy speed with fidelity: with a real output error, a change
     3-10% faster that makes the output error much worse is rejected."""
     names = [n for n, _ in digits_parts["ops"]]
-    timer = ScriptedTimer(
-        {n: (1.0, 0.5) if t == "Conv" else (1.0, 3.0) for n, t in digits_parts["ops"]}, names
-    )
-    decision = latency.decide(
-        digits_parts["build"],
-        digits_parts["prepared"].model,
-        digits_parts["ops"],
-        digits_parts["feed"],
-        formats=("qdq",),
-        timer=timer,
-        error=lambda m: 1.0 / (1 + len(_int8_ops(m, names))),  # fp32 ops *raise* the error
-    )
+
+    def error(model: onnx.ModelProto) -> float:  # ops back in fp32 *raise* the error here
+        return 1.0 / (1 + len(_int8_ops(model, names)))
+
+    def costs(slower: float) -> Any:
+        return lambda n, t: (1.0, 0.5) if t == "Conv" else (1.0, slower)
+
     # Gemm/MatMul back in fp32 is 3x faster per op (a clear win): kept despite the error.
+    decision = _decide(digits_parts, costs(3.0), ("qdq",), error)
     assert set(decision.fp32_ops) == {n for n, t in digits_parts["ops"] if t != "Conv"}
     # A 5% gain that raises the error is not a clear win: rejected.
-    slight = ScriptedTimer(
-        {n: (1.0, 0.5) if t == "Conv" else (1.0, 1.05) for n, t in digits_parts["ops"]}, names
-    )
-    decision = latency.decide(
-        digits_parts["build"],
-        digits_parts["prepared"].model,
-        digits_parts["ops"],
-        digits_parts["feed"],
-        formats=("qdq",),
-        timer=slight,
-        error=lambda m: 1.0 / (1 + len(_int8_ops(m, names))),
-    )
+    decision = _decide(digits_parts, costs(1.05), ("qdq",), error)
     assert decision.fp32_ops == []
     assert any("error_after" in step and not step["kept"] for step in decision.steps)
