@@ -113,7 +113,7 @@ def test_every_calibration_algorithm_is_computed_once_in_the_driver(lpq_plugin, 
     assert sorted(algorithm for _, algorithm in computed) == ["kl", "minmax"]
     assert {int(pid) for pid, _ in computed} == {os.getpid()}, "not in a worker"
     history = json.loads(result.history_path.read_text())
-    assert set(history["timing"]) == {"prepare_s", "trials_s"}
+    assert set(history["timing"]) == {"began", "prepare_s", "trials_s"}
 
 
 def test_warm_up_and_latency_rule_keep_serial_and_pool_identical(lpq_plugin, tmp_path):

@@ -93,6 +93,7 @@ class TuningDriver(TuningContext):
     def run(self, strategy: Strategy) -> None:
         """Warm the per-run state, then walk ``strategy`` to its end or until the exit
         policy stops it. How long each phase took goes to the history (``timing``)."""
+        began = time.time()
         prepare_s = self.warm()
         started = time.monotonic()
         try:
@@ -100,6 +101,7 @@ class TuningDriver(TuningContext):
         finally:
             self._prebuilt.clear()
             self.history.extra["timing"] = {
+                "began": began,  # wall clock, when the warm-up began
                 "prepare_s": prepare_s,
                 "trials_s": time.monotonic() - started,
             }
