@@ -175,7 +175,13 @@ def quantize(
             stats = calibrate(base, model_key)
         if groups["static"]:
             work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
-        fp32_now = [name for (name, _), cfg in effective.ops.items() if not cfg.quantized]
+        # Ops kept float, and dynamic ops (they quantize their float input themselves; a
+        # DequantizeLinear in front would be quantized twice, under the same name).
+        fp32_now = [
+            name
+            for (name, _), cfg in effective.ops.items()
+            if not cfg.quantized or cfg.mode == "dynamic"
+        ]
         work = read_float_inputs(work, base, fp32_now)
     for mode, run_pass in PASSES.items():  # modes that need no calibration
         if groups[mode]:

@@ -482,3 +482,40 @@ def test_reduce_range_quantizes_weights_to_7_bits(
     # The 7-bit model still runs and stays accurate.
     fp32 = _accuracy(pm, model, eval_loader)
     assert _accuracy(pm, reduced_model, eval_loader) >= fp32 - 0.03
+
+
+def test_dynamic_op_beside_a_static_op_on_the_same_input(pm):
+    """A tensor read by a static op (gets a Q/DQ pair) and a dynamic op: the dynamic op
+    must read the float tensor (it quantizes it itself), or ORT sees one name twice."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.normal(0, 0.3, (16, 16)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm_dynamic"),
+            helper.make_node("MatMul", ["x", "w2"], ["b"], name="mm_static"),
+            helper.make_node("Add", ["a", "b"], ["y"], name="add"),
+        ],
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = [rng.normal(0, 1, (8, 16)).astype(np.float32) for _ in range(4)]
+    cap = pm.query_capability(FW, model, data, {})
+    ops = {}
+    for key in cap.opwise:
+        mode = "dynamic" if key[0] == "mm_dynamic" else "static"
+        ops[key] = next(c for c in cap.op_configs(key) if c.mode == mode)
+    cfg = lpq.TuneConfig(ops=ops, calib_sampling_size=32, options={"latency_aware": False})
+    qmodel = pm.quantize(FW, model, cfg, data)
+    kinds = Counter(node.op_type for node in qmodel.proto.graph.node)
+    assert kinds["MatMulInteger"] == 1 and kinds["DequantizeLinear"] >= 1
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(qmodel.proto.SerializeToString()).run(None, {"x": data[0]})[0]
+    want = data[0] @ w1 + data[0] @ w2
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
