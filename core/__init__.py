@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         probe_op_by_op,
         ranked,
         requantize,
+        runs_quantized,
     )
     from .tuning.executors import Executor, TrialOutcome
     from .tuning.records import TrialRecord
@@ -97,6 +98,7 @@ _LAZY = {
     "improves": "strategy",
     "accuracy_gain": "strategy",
     "probe_op_by_op": "strategy",
+    "runs_quantized": "strategy",
     "ranked": "strategy",
     "TrialRecord": "tuning.records",
     "TrialSpec": "tuning.runner",
@@ -191,6 +193,7 @@ __all__ = [
     "ranked",
     "requantize",
     "run_cache",
+    "runs_quantized",
     "split_batch",
     "take_samples",
     "validate_capability_file",

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.testing.fake_adaptor import FakeAdaptorPlugin, FakeModel, FakeQuantizedModel
+from lpq.testing.fake_adaptor import (
+    CAPABILITY_YAML,
+    FakeAdaptorPlugin,
+    FakeModel,
+    FakeQuantizedModel,
+)
 
 EVAL = [(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)]
 CALIB = [np.zeros((100, 1), np.float32)]
@@ -126,3 +131,116 @@ def fallen_in(trial: lpq.TrialRecord) -> set[str]:
     cfg = trial.config()
     assert cfg is not None
     return {name for (name, _), c in cfg.ops.items() if not c.quantized}
+
+
+class LoneOpsRunFloat(FakeAdaptorPlugin):
+    """Like ORT on Silero VAD: Add and Sigmoid are planned int8 but have no int8 kernel
+    alone, so the converted model runs them in float (reported by ``lpq_quantized_ops``);
+    inspection shows a large error on them (decoys) and the real, accumulated error on
+    the convs."""
+
+    float_types = ("Add", "Sigmoid")
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        yaml = CAPABILITY_YAML.replace("int8: [Conv, MatMul]", "int8: [Conv, MatMul, Add, Sigmoid]")
+        self.capability_file.write_text(yaml)
+
+    @lpq.hookimpl
+    def lpq_quantized_ops(self, framework, model):
+        if framework != "fake" or not isinstance(model, FakeQuantizedModel):
+            return None
+        return {
+            name: "fp32" if not cfg.quantized or op_type in self.float_types else "int8"
+            for (name, op_type), cfg in model.tune_cfg.ops.items()
+        }
+
+    @lpq.hookimpl
+    def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
+        if framework != "fake":
+            return None
+        source = model.source if isinstance(model, FakeQuantizedModel) else model
+        activations, damage = {}, 0.0
+        for name, op_type in source.ops:
+            quantized = isinstance(model, FakeQuantizedModel) and (
+                model.tune_cfg.ops[(name, op_type)].quantized
+            )
+            if quantized:
+                damage += source.sensitivity.get(name, 0.0)
+            value = np.ones((2, 4), np.float32)
+            value[:, 0] += np.float32(np.sqrt(damage))
+            if quantized and op_type in self.float_types:
+                value[:, 1] += 3.0  # looks terrible, costs the output nothing
+            activations[name] = [value]
+        return lpq.Inspection(activations=activations)
+
+
+def test_ops_that_run_in_float_are_never_probed(lpq_plugin, tmp_path):
+    """Falling back an Add that runs in float anyway changes nothing: the op-wise stage
+    probes only ops the converted model runs in int8, and finds the culprit conv."""
+    lpq_plugin(LoneOpsRunFloat(tmp_path), name="fake")
+    ops = [(f"conv{i}", "Conv") for i in range(6)]
+    ops += [("add0", "Add"), ("add1", "Add"), ("sigmoid0", "Sigmoid")]
+    cost = {f"conv{i}": 0.0005 for i in range(6)} | {"conv3": 0.04}
+    result = fit(FakeModel(ops=ops, sensitivity=cost), tmp_path / "ws")
+    stages = [t.stage for t in result.trials]
+    assert result.goal_met, stages
+    assert fallen(result) == {"conv3"}, "only the culprit conv stays float"
+    for trial in result.trials:
+        config = trial.config()
+        assert config is not None
+        probed = {name for (name, _), c in config.ops.items() if not c.quantized}
+        assert not probed & {"add0", "add1", "sigmoid0"}, (trial.stage, probed)
+    assert len(result.trials) <= 10, stages
+
+
+class SlowUnlessConvsRunInt8(FakeAdaptorPlugin):
+    """Int8 MatMuls alone are Q/DQ churn: the model is faster than fp32 only with most
+    convs in int8. Inspection shows the largest error on a harmless conv (``conv5``)."""
+
+    @lpq.hookimpl
+    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
+        result = super().lpq_evaluate(
+            framework, model, dataloader, postprocess, metrics, None, iteration
+        )
+        if result is not None and measurer is not None:
+            latency = 10.0
+            if isinstance(model, FakeQuantizedModel):
+                convs = [c for (_, t), c in model.tune_cfg.ops.items() if t == "Conv"]
+                latency = 12.0 - 5.0 * sum(c.quantized for c in convs) / len(convs)
+            measurer.samples.append(latency / 1e3)
+            result.latency_ms = measurer.median_ms
+        return result
+
+    @lpq.hookimpl
+    def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
+        if framework != "fake":
+            return None
+        source = model.source if isinstance(model, FakeQuantizedModel) else model
+        activations, damage = {}, 0.0
+        for name, op_type in source.ops:
+            quantized = isinstance(model, FakeQuantizedModel) and (
+                model.tune_cfg.ops[(name, op_type)].quantized
+            )
+            damage += source.sensitivity.get(name, 0.0) if quantized else 0.0
+            value = np.ones((2, 4), np.float32)
+            value[:, 0] += np.float32(np.sqrt(damage))
+            if quantized and name == "conv5":
+                value[:, 1] += 3.0  # looks terrible, costs the output nothing
+            activations[name] = [value]
+        return lpq.Inspection(activations=activations)
+
+
+def test_a_whole_op_type_fallen_for_one_op_is_won_back(lpq_plugin, tmp_path):
+    """Falling back every conv fixes accuracy but leaves only int8 MatMuls, slower than
+    fp32: the tuner wins the harmless convs back in one batch."""
+    lpq_plugin(SlowUnlessConvsRunInt8(tmp_path), name="fake")
+    ops = [(f"conv{i}", "Conv") for i in range(6)] + [("mm0", "MatMul"), ("mm1", "MatMul")]
+    cost = {name: 0.0005 for name, _ in ops} | {"conv3": 0.04}
+    result = fit(FakeModel(ops=ops, sensitivity=cost), tmp_path / "ws")
+    stages = [t.stage for t in result.trials]
+    assert result.goal_met, [(t.stage, t.accuracy, t.latency_ms) for t in result.trials]
+    assert result.best.stage.startswith("win back all but"), stages
+    assert "conv3" in fallen(result) and len(fallen(result)) <= 3
+    assert result.summary()["latency_speedup"] > 1
+    assert len(result.trials) <= 12, stages

@@ -24,6 +24,7 @@ from .base import (
     probe_op_by_op,
     ranked,
     requantize,
+    runs_quantized,
 )
 from .basic import BasicStrategy
 from .conservative import ConservativeStrategy
@@ -57,4 +58,5 @@ __all__ = [
     "probe_op_by_op",
     "ranked",
     "requantize",
+    "runs_quantized",
 ]

@@ -16,7 +16,12 @@
    accuracy worse is backed out and the op is kept quantized, so growing fallback sets
    cannot collapse accuracy. Error is re-measured after each step: once a culprit's
    damage is gone, one further down the graph becomes visible.
-6. With ``exit_policy="best"`` and budget left: win back fallen ops greedily and try the
+6. Accurate enough but not faster than fp32 (a whole op type fell back for one harmful
+   op of it; or every int8 op left runs in float): win the fallen ops back in one batch,
+   all but the 1, 2 or 3 most harmful by inspected error. Stages 4 and 5 only consider
+   ops the converted model really runs quantized (``runs_quantized``).
+7. Still accurate but slower than fp32: retry with the adaptor's recipes.
+8. With ``exit_policy="best"`` and budget left: win back fallen ops greedily and try the
    other options of each op type and the other recipe values (e.g. latency-aware
    quantization, which keeps in fp32 what int8 makes slower on this machine), and
    quantizing the op types the capability keeps float by default (``defaults``).
@@ -41,6 +46,7 @@ from .base import (
     probe_op_by_op,
     ranked,
     requantize,
+    runs_quantized,
 )
 
 #: A sub-walk: yields batches, returns what it found.
@@ -56,6 +62,8 @@ class AutoStrategy(Strategy):
     #: together, at most this fraction of the tunable ops (at least one).
     group_ratio = 0.3
     group_fraction = 0.1
+    #: Most fallen ops kept in float when winning the others back in one batch.
+    win_back_max = 3
 
     def propose(self, ctx: TuningContext) -> Proposals:
         space = ctx.space
@@ -74,6 +82,12 @@ class AutoStrategy(Strategy):
             if ctx.meets_goal(record):
                 break
             found = yield from stage(ctx, cfg, record, fallen)
+            if found is not None:
+                cfg, record, fallen = found
+        if not ctx.meets_goal(record) and ctx.within_tolerance(record) and fallen:
+            # Accurate enough, but what fell back left too little int8 to be faster than
+            # fp32 (a whole op type, when one op of it did the damage): win ops back.
+            found = yield from self._win_back(ctx, cfg, record, fallen)
             if found is not None:
                 cfg, record, fallen = found
         if not ctx.meets_goal(record) and ctx.within_tolerance(record):
@@ -116,7 +130,10 @@ class AutoStrategy(Strategy):
         scores = ctx.op_sensitivity(cfg)
         if not scores:
             return None
-        order = ranked(ctx, cfg, scores)
+        running = set(runs_quantized(ctx, cfg, record))
+        order = [key for key in ranked(ctx, cfg, scores) if key in running]
+        if not order:
+            return None
         top = scores[order[0]]
         cap = max(1, math.ceil(self.group_fraction * len(ctx.space.tunable_ops)))
         group = [k for k in order if scores[k] >= self.group_ratio * top][:cap]
@@ -134,10 +151,8 @@ class AutoStrategy(Strategy):
         self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord, fallen: list[OpKey]
     ) -> Walk:
         space = ctx.space
-        keys_of = {
-            t: [k for k in space.tunable_ops if k[1] == t and cfg.ops[k].quantized]
-            for t in space.op_types()
-        }
+        running = runs_quantized(ctx, cfg, record)
+        keys_of = {t: [k for k in running if k[1] == t] for t in space.op_types()}
         types = [t for t, keys in keys_of.items() if keys]
         if len(types) < 2:
             return None
@@ -172,7 +187,7 @@ class AutoStrategy(Strategy):
         fallen = list(fallen)
         kept: set[OpKey] = set()  # ops whose fallback did not help: stay quantized
         while True:
-            quantized = [k for k in space.tunable_ops if cfg.ops[k].quantized]
+            quantized = runs_quantized(ctx, cfg, record)
             open_ops = [k for k in quantized if k not in kept]
             if len(quantized) <= 1 or not open_ops:
                 return (cfg, record, fallen) if fallen else None
@@ -180,7 +195,7 @@ class AutoStrategy(Strategy):
             if scores is None:  # no inspection: verify every open op on the output
                 top = open_ops
             else:
-                top = [k for k in ranked(ctx, cfg, scores) if k not in kept][: self.verify_top]
+                top = [k for k in ranked(ctx, cfg, scores) if k in open_ops][: self.verify_top]
             impact = yield from probe_op_by_op(ctx, cfg, "probe ops on the output", top)
             helpful = sorted((k for k in top if impact[k] > 0), key=lambda k: -impact[k])
             kept.update(k for k in top if impact[k] <= 0)
@@ -196,6 +211,35 @@ class AutoStrategy(Strategy):
                     fallen.append(key)
                 else:
                     kept.add(key)  # together with the others it hurts: back it out
+
+    def _win_back(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord, fallen: list[OpKey]
+    ) -> Walk:
+        """One batch: ``cfg`` with every fallen op quantized again except the ``k`` most
+        harmful (by inspected error of the default config), for k = 1, 2, 3. The first
+        that meets the goal wins; else the most accurate one still within tolerance."""
+        space = ctx.space
+        reference = space.default()
+        scores = ctx.op_sensitivity(reference) or {}
+        order = sorted(fallen, key=lambda key: -scores.get(key, 0.0))
+        keeps = [order[:k] for k in range(1, min(self.win_back_max, len(order) - 1) + 1)]
+        if not keeps:
+            return None
+        candidates = [
+            requantize(space, cfg, [key for key in fallen if key not in keep], reference)
+            for keep in keeps
+        ]
+        records = yield [
+            Candidate(c, f"win back all but {len(keep)} fallen")
+            for keep, c in zip(keeps, candidates)
+        ]
+        accurate = None
+        for keep, candidate, tried in zip(keeps, candidates, records):
+            if ctx.meets_goal(tried):
+                return candidate, tried, list(keep)
+            if accurate is None and ctx.within_tolerance(tried):
+                accurate = (candidate, tried, list(keep))
+        return accurate
 
     def _requantize_greedily(
         self, ctx: TuningContext, cfg: TuneConfig, fallen: list[OpKey]

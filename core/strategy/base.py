@@ -19,7 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ..plan.tune_config import OpConfig, OpKey, TuneConfig
+from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
 from ..tuning.records import TrialRecord
 
@@ -148,6 +148,20 @@ def accuracy_gain(ctx: TuningContext, record: TrialRecord, base: TrialRecord) ->
         return float("-inf")
     gain = record.accuracy - base.accuracy
     return gain if ctx.higher_is_better else -gain
+
+
+def runs_quantized(ctx: TuningContext, cfg: TuneConfig, record: TrialRecord) -> list[OpKey]:
+    """The tunable ops ``cfg`` quantizes that its converted model really runs quantized.
+
+    An op planned int8 may run in float (ORT has no int8 kernel for a lone Add between
+    float ops; latency-aware quantization kept it fp32): falling it back changes nothing,
+    so probing it wastes a trial. Read from the model when the adaptor reported it
+    (``record.op_precisions``), else as planned."""
+    keys = [key for key in ctx.space.tunable_ops if cfg.ops[key].quantized]
+    ran = record.op_precisions
+    if record.counts_from != "model" or not ran:
+        return keys
+    return [key for key in keys if ran.get(key[0]) not in FLOAT_PRECISIONS]
 
 
 def ranked(ctx: TuningContext, cfg: TuneConfig, scores: dict[OpKey, float]) -> list[OpKey]:
