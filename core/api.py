@@ -131,6 +131,7 @@ def _tuning_space(
                 f"but the model is a {framework} model"
             )
         options.update(profile.options)
+    options.update(conf.adaptor_options)  # the user's word over the profile's
     # Extra capability files reach the adaptor too, but core merges them either way.
     extra = {"capability_files": list(conf.capability_files)} if conf.capability_files else {}
     capability = pm.query_capability(framework, model, calib, {**options, **extra})
@@ -453,6 +454,8 @@ def quantize(
     pm = get_plugin_manager()
     calib = as_dataloader(calib_dataloader)
     framework = conf.framework or pm.detect_framework(model)
+    if tune_cfg is not None and conf.adaptor_options:
+        tune_cfg = tune_cfg.with_options(conf.adaptor_options)
     if tune_cfg is None:
         space = _tuning_space(pm, conf, framework, model, calib)
         _latency_aware_first(space, searchable=False)

@@ -143,11 +143,26 @@ class PostTrainingQuantConfig:
     #: Extra capability YAML files merged into the adaptor's (e.g. int4 for an op type):
     #: what they allow becomes more choices for the op types the adaptor reports.
     capability_files: list[str] = field(default_factory=list)
+    #: Options for the adaptor, fixed for every trial (the adaptor's docs list them, e.g.
+    #: lpq-onnxrt's ``latency_batch_size``); they reach it in ``tune_cfg.options``, over a
+    #: backend profile's, and fix a recipe of the same name instead of searching it.
+    adaptor_options: dict[str, Any] = field(default_factory=dict)
     accuracy_criterion: AccuracyCriterion = field(default_factory=AccuracyCriterion)
     tuning_criterion: TuningCriterion = field(default_factory=TuningCriterion)
 
     def __post_init__(self) -> None:
         self.capability_files = [str(file) for file in self.capability_files]
+        for key, value in self.adaptor_options.items():
+            if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+                raise ConfigError(
+                    f"adaptor option name {key!r} is not lower_case_with_underscores",
+                    hint="the adaptor's docs list its options (e.g. docs/onnxrt.md)",
+                )
+            if not isinstance(value, str | int | float | bool | type(None)):
+                raise ConfigError(
+                    f"adaptor option {key} = {value!r}: values are strings, numbers, "
+                    "booleans or null",
+                )
         _choice("approach", self.approach, _APPROACHES)
         _choice("quant_format", self.quant_format, _FORMATS)
         if self.calibration_sampling_size < 1:

@@ -165,6 +165,9 @@ def test_quantize_static_and_dynamic(mlp_files, tmp_path, capsys):
             ["quantize", "{model}", "--calib", "{calib}", "--exclude-op-name", "zzz"],
             "matches no quantizable op",
         ),
+        (["quantize", "{model}", "--calib", "{calib}", "--option", "fast"], "is not KEY=VALUE"),
+        (["quantize", "{model}", "--calib", "{calib}", "--option", "Fast=1"], "lower_case"),
+        (["quantize", "{model}", "--calib", "{calib}", "--option", "x=[1]"], "values are"),
     ],
 )
 def test_user_mistakes_are_one_clear_message(mlp_files, tmp_path, capsys, args, message):

@@ -214,3 +214,38 @@ def test_no_calibration_trials_are_spent_on_a_model_that_runs_all_float(lpq_plug
     assert result.trials[0].quantized_ops == 0 and result.trials[0].counts_from == "model"
     assert not any(s.startswith("calibrate with") for s in stages), stages
     assert "recipe latency_aware=False" in stages[1:3], "in the batch right after the default"
+
+
+class RecordingOptions(SmoothingAdaptor):
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.seen: list[dict] = []
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework == "fake":
+            self.seen.append(dict(tune_cfg.options))
+        return super().lpq_quantize(framework, model, tune_cfg, calib_dataloader, train_func)
+
+
+def test_adaptor_options_reach_every_trial_and_fix_a_recipe(lpq_plugin, tmp_path):
+    plugin = RecordingOptions(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    ops = [(f"op{i}", "MatMul") for i in range(4)]
+    conf = lpq.PostTrainingQuantConfig(
+        adaptor_options={"smooth": True, "latency_batch_size": 8},
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=6, exit_policy="best"),
+    )
+    tune(FakeModel(ops=ops, sensitivity={f"op{i}": 0.004 for i in range(4)}), conf, tmp_path)
+    assert len(plugin.seen) > 1
+    assert all(o["smooth"] is True and o["latency_batch_size"] == 8 for o in plugin.seen)
+    quantized = lpq.quantize(FakeModel(ops=ops), conf, [np.zeros((4, 1), np.float32)])
+    assert quantized.tune_cfg.options["latency_batch_size"] == 8
+
+
+def test_cli_option_values_are_read_as_yaml():
+    from lpq.cli.tuning import _parse_options
+
+    parsed = _parse_options(("batch=8", "alpha=0.5", "on=true", "name=minmax", "empty="))
+    assert parsed == {"batch": 8, "alpha": 0.5, "on": True, "name": "minmax", "empty": ""}

@@ -85,6 +85,15 @@ _QUANT_OPTIONS = [
         "repeat for several files). See docs/adding-a-data-type.md.",
     ),
     click.option(
+        "--option",
+        "adaptor_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=lambda ctx, param, value: _parse_options(value),
+        help="An adaptor option for every trial, e.g. --option latency_batch_size=8 "
+        "(repeat; the adaptor's docs list them; VALUE is read as YAML: 8, 0.5, true, text).",
+    ),
+    click.option(
         "--calib-size",
         type=click.IntRange(min=1),
         default=100,
@@ -100,6 +109,22 @@ _QUANT_OPTIONS = [
         "samples.",
     ),
 ]
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``("latency_batch_size=8", ...)`` -> ``{"latency_batch_size": 8}``."""
+    import yaml
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+        try:
+            options[key.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            options[key.strip()] = text
+    return options
 
 
 def _with_options(options: list[Any]) -> Any:
@@ -139,6 +164,7 @@ def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) 
         framework=kw.get("framework"),
         capability_files=list(kw.get("capability_files") or ()),
         latency_aware=kw.get("latency_aware"),
+        adaptor_options=dict(kw.get("adaptor_options") or {}),
         **extra,
     )
 
