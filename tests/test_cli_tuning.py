@@ -79,6 +79,8 @@ def test_tune_meets_goal_and_writes_model_summary_history_and_plot(mlp_files, tm
     out = tmp_path / "mlp-int8.onnx"
     argv = ["tune", str(mlp_files["model"]), "--calib", str(mlp_files["calib"])]
     argv += ["--eval", str(mlp_files["eval"]), "--tolerable-loss", "0.05"]
+    # A 16-wide MLP is not reliably faster in int8: size, not this machine's timing, decides.
+    argv += ["--objective", "modelsize"]
     argv += ["--workspace", str(tmp_path / "ws"), "--out", str(out)]
     code = main(argv)
     text = capsys.readouterr().out
