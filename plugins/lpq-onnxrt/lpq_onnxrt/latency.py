@@ -33,7 +33,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -231,6 +231,15 @@ def ort_timer(options: Mapping[str, Any], budget_s: float = 1.0, min_runs: int =
         return {label: statistics.median(values) for label, values in times.items()}
 
     return measure
+
+
+def spread(feeds: Iterable[Mapping[str, np.ndarray]], count: int) -> list[dict[str, np.ndarray]]:
+    """At most ``count`` of ``feeds``, evenly spaced over all of them (the first batches of a
+    stream are its start: a VAD's first chunks are near silence)."""
+    every = [dict(feed) for feed in feeds]
+    if len(every) <= count:
+        return every
+    return [every[int(i * len(every) / count)] for i in range(count)]
 
 
 def output_error(

@@ -17,7 +17,6 @@ Ops set to fp32 are excluded from every pass. The input model is never modified.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections import Counter
@@ -288,13 +287,11 @@ def _latency_decision(
         dynamic=dynamic,
         error=latency.output_error(
             options,
-            list(
-                itertools.islice(
-                    ranges.limited_feeds(
-                        prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
-                    ),
-                    latency.ERROR_BATCHES,
-                )
+            latency.spread(
+                ranges.limited_feeds(
+                    prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
+                ),
+                latency.ERROR_BATCHES,
             ),
             prepared.model,
         ),
