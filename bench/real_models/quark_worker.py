@@ -5,8 +5,8 @@
 ``default``: Quark's default int8 config for the model's kind on CPU (``INT8_CNN_DEFAULT``,
 ``INT8_TRANSFORMER_DEFAULT`` for MatMul models: U8S8 QDQ, MinMax). ``best``: its
 best-accuracy int8 config (``INT8_CNN_ACCURATE`` / ``INT8_TRANSFORMER_ACCURATE``:
-percentile calibration and AdaRound fast fine-tuning) with per-channel weights and
-cross-layer equalization. Prints one JSON line with the config used.
+percentile calibration and AdaRound fast fine-tuning), for CNNs with per-channel weights
+and cross-layer equalization. Prints one JSON line with the config used.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def main() -> None:
     name = f"INT8_{family}_{'DEFAULT' if kind == 'default' else 'ACCURATE'}"
     config = copy.deepcopy(get_default_config(name))
     if kind == "best":
-        config.per_channel = True
+        # Quark's transformer QDQ quantizer has no per-channel weights (AttributeError
+        # 'quantize_weight_per_channel' inside Quark 0.x): per-channel for CNNs only.
+        config.per_channel = not transformer
         config.include_cle = not transformer
     with np.load(calib_file) as data:
         feeds: dict[int, dict[str, np.ndarray]] = defaultdict(dict)
