@@ -169,6 +169,7 @@ class RayExecutor(Executor):
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 ray.init(
+                    address="local",  # a new Ray, never one a stale session file names
                     num_cpus=workers,
                     include_dashboard=False,
                     _node_ip_address="127.0.0.1",
