@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..cache import using_run_cache
 from ..config import PostTrainingQuantConfig
 from ..errors import DataError
 from ..plan.tune_config import OpKey, TuneConfig
@@ -143,9 +144,11 @@ class TuningDriver(TuningContext):
         load it from the run's cache folder, and no worker computes it again. With
         parallel workers, the default is also quantized with every other calibration
         algorithm of the space, so an algorithm's statistics are not first computed in
-        whichever worker meets it. The default's model is kept for its trial (usually
-        the first), so a serial run repeats nothing; a serial re-run whose default trial
-        finished warms nothing. Errors are left to the trials.
+        whichever worker meets it — until one algorithm adds nothing to the run cache
+        (the adaptor's statistics do not depend on the algorithm, as in lpq-onnxrt): the
+        rest would only cost a quantization each. The default's model is kept for its
+        trial (usually the first), so a serial run repeats nothing; a serial re-run
+        whose default trial finished warms nothing. Errors are left to the trials.
         """
         start = time.monotonic()
         default = self.space.default()
@@ -154,18 +157,22 @@ class TuningDriver(TuningContext):
             configs += [cfg for _, cfg in self.space.calibration_variants(default)]
         elif self.history.finished(default.fingerprint()) is not None:
             return 0.0  # a serial re-run: its trials build what they need, if they run
-        for cfg in configs:
-            if not cfg.quantized_ops():
-                continue
-            try:
-                model = self.runner.quantize(cfg)
-            except DataError:
-                raise
-            except Exception as exc:  # the trial of this config will record it
-                logger.debug("warm-up: quantizing %s failed: %s", cfg.fingerprint(), exc)
-                continue
-            if cfg is default:
-                self._prebuilt[cfg.fingerprint()] = model
+        with using_run_cache(self.runner.cache_dir) as cache:
+            for cfg in configs:
+                if not cfg.quantized_ops():
+                    continue
+                computed = cache.misses
+                try:
+                    model = self.runner.quantize(cfg)
+                except DataError:
+                    raise
+                except Exception as exc:  # the trial of this config will record it
+                    logger.debug("warm-up: quantizing %s failed: %s", cfg.fingerprint(), exc)
+                    continue
+                if cfg is default:
+                    self._prebuilt[cfg.fingerprint()] = model
+                elif cache.misses == computed:
+                    break  # this algorithm needed no state of its own: assume none does
         return time.monotonic() - start
 
     def evaluate(self, cfg: TuneConfig, stage: str = "") -> TrialRecord:
