@@ -37,6 +37,7 @@ from .plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, T
 from .plugins.discovery import installed_version
 from .plugins.manager import PluginManager, get_plugin_manager
 from .plugins.types import AdaptorInfo, BackendProfile, Example
+from .tuning.gate import exclusive_timing
 
 if TYPE_CHECKING:
     from .api import QuantizedModel, TuningResult, fit, quantize
@@ -179,6 +180,7 @@ __all__ = [
     "content_key",
     "deploy",
     "evaluate_batches",
+    "exclusive_timing",
     "fall_back",
     "fit",
     "get_plugin_manager",

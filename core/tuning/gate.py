@@ -20,6 +20,7 @@ every core while it measures latency, as the fp32 baseline was measured.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Collection, Iterator
@@ -139,3 +140,59 @@ class Pinned:
                 yield
             finally:
                 pin(self.own)
+
+
+class TrialSlot:
+    """The shared slot a trial holds while it quantizes and evaluates. An adaptor that
+    times something itself while quantizing (latency-aware quantization) trades it for
+    the machine with :func:`exclusive_timing`, then gets it back."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate
+        self._held: contextlib.AbstractContextManager[None] | None = None
+        self._token: contextvars.Token[TrialSlot | None] | None = None
+
+    def __enter__(self) -> TrialSlot:
+        self._held = self.gate.shared()
+        self._held.__enter__()
+        self._token = _current_slot.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._held is not None and self._token is not None
+        _current_slot.reset(self._token)
+        self._held.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def traded_for_the_machine(self) -> Iterator[None]:
+        assert self._held is not None
+        self._held.__exit__(None, None, None)
+        try:
+            with self.gate.exclusive():
+                yield
+        finally:
+            self._held = self.gate.shared()
+            self._held.__enter__()
+
+
+_current_slot: contextvars.ContextVar[TrialSlot | None] = contextvars.ContextVar(
+    "lpq_trial_slot", default=None
+)
+
+
+@contextlib.contextmanager
+def exclusive_timing() -> Iterator[None]:
+    """Wrap latency measurements an adaptor makes *inside* ``lpq_quantize`` (e.g.
+    latency-aware quantization timing int8 against fp32) in this.
+
+    In a tuning run with parallel workers it waits until no other trial is running and
+    gives this one every core, exactly as lpq's own latency pass does, so decisions made
+    from those timings are fair; elsewhere (serial runs, ``lpq.quantize``) it does
+    nothing. Keep the block short: other trials wait for it.
+    """
+    slot = _current_slot.get()
+    if slot is None:
+        yield
+        return
+    with slot.traded_for_the_machine():
+        yield

@@ -25,6 +25,7 @@ from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
 from ..eval.watch import reading
 from ..plan.tune_config import TuneConfig
 from ..plugins.manager import get_plugin_manager
+from .gate import TrialSlot
 from .records import TrialRecord
 
 
@@ -309,7 +310,7 @@ class TrialRunner:
         start = time.perf_counter()
         model = None
         try:
-            with using_run_cache(self.cache_dir), gate.shared():
+            with using_run_cache(self.cache_dir), TrialSlot(gate):
                 model = prebuilt if prebuilt is not None else self._quantize(cfg)
                 (
                     record.quantized_ops,
