@@ -27,7 +27,10 @@ Ray's per-trial overhead against the process pool is (Ray trials phase - pool tr
 phase) / N, on the recognizer and on the tiny digits model (trials of milliseconds,
 where only overhead is left), as a share of a serial recognizer trial.
 
-    .venv/bin/python bench/bench_parallel.py [--trials 16] [--repeats 1]
+    .venv/bin/python bench/bench_parallel.py [--trials 16] [--repeats 1] [--unpinned]
+
+``--unpinned`` adds a process pool whose workers are not pinned to their share of the
+cores (``executor_options={"pin": False}``), to see what pinning does on this machine.
 
 Prints a table and writes bench/results/parallel.json.
 """
@@ -176,12 +179,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--unpinned", action="store_true", help="also an unpinned pool")
     args = parser.parse_args()
+    if args.unpinned:
+        VARIANTS["process x2 unpinned"] = {
+            "workers": 2,
+            "executor": "process",
+            "executor_options": {"pin": False},
+        }
     start = time.perf_counter()
     load_before = os.getloadavg()
 
     rec = recognizer()
-    calib = lpq.ArrayLoader(crops(16, seed=1), batch_size=4)
+    # Latency passes run on the calibration batches: small ones keep them short.
+    calib = lpq.ArrayLoader(crops(16, seed=1), batch_size=2)
     evaluation = lpq.ArrayLoader(crops(32, seed=2), batch_size=8)
     print(f"PP-OCRv4 rec, {args.trials} trials:", flush=True)
     real = measure(str(rec), calib, evaluation, args.trials, args.repeats, "cosine")
@@ -220,11 +231,11 @@ def main() -> None:
         f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
     head = ("executor", "setup", "prepare", "trials", "finish", "total", "x trials", "x total")
-    print("{:<11}{:>8}{:>9}{:>8}{:>8}{:>8}{:>10}{:>9}".format(*head))
+    print("{:<20}{:>8}{:>9}{:>8}{:>8}{:>8}{:>10}{:>9}".format(*head))
     for name in VARIANTS:
         run = real["runs"][name]
         print(
-            f"{name:<11}{run['setup_s']:8.1f}{run['prepare_s']:9.1f}{run['trials_s']:8.1f}"
+            f"{name:<20}{run['setup_s']:8.1f}{run['prepare_s']:9.1f}{run['trials_s']:8.1f}"
             f"{run['finish_s']:8.1f}{run['total_s']:8.1f}"
             f"{real['speedup_trials_phase'][name]:9.2f}x{real['speedup_total'][name]:8.2f}x"
         )
