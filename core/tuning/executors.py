@@ -55,7 +55,8 @@ class Executor(ABC):
 
     def start(self, runner: TrialRunner) -> None:
         """Receive the run's job; called once, before the first batch (after the fp32
-        baseline was measured in the driver, on an idle machine)."""
+        baseline was measured in the driver, on an idle machine) and before the driver's
+        warm-up: start workers on the first :meth:`run`, so they get the warm run cache."""
         self.runner = runner
 
     @abstractmethod
