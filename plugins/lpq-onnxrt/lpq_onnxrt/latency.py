@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/3"
+_CACHE_FORMAT = "lpq-onnxrt-latency/4"
 #: A change must make the model this much faster (relative) to be kept; a change that
 #: only gains fidelity (an op type back to fp32) is kept when it costs no more than this.
 DEFAULT_MARGIN = 0.03
@@ -62,6 +62,10 @@ FIDELITY_GAIN = 0.2
 #: A change that makes the model faster but its output error this much larger is kept
 #: only when it is faster by ``DYNAMIC_TIE`` (a clear win, not timing noise).
 FIDELITY_SLACK = 0.05
+#: A fidelity-only change (ops back to fp32, dynamic int8) that cuts the output error
+#: below this fraction is kept when it costs at most ``DYNAMIC_TIE`` (MiniLM: int8
+#: residual Adds beside dynamic MatMuls turn an embedding cosine of 0.99 into 0.61).
+FIDELITY_HALVES = 0.5
 #: Calibration batches the output error is measured on.
 ERROR_BATCHES = 32
 
@@ -324,11 +328,12 @@ def decide(
             "after_ms": round(times["candidate"] * 1e3, 4),
         }
         as_fast = times["candidate"] <= times["current"] * (1.0 + tie)
-        if error is not None and (kept or (tie > 0 and as_fast)):
+        near = times["candidate"] <= times["current"] * (1.0 + max(tie, DYNAMIC_TIE))
+        if error is not None and (kept or (tie > 0 and near)):
             before, after = errors(current), errors(candidate)
             step.update(error_before=round(before, 6), error_after=round(after, 6))
-            if not kept:  # as fast: kept when more faithful
-                kept = after < before
+            if not kept:  # as fast and more faithful, or a little slower and far more
+                kept = (as_fast and after < before) or after < before * FIDELITY_HALVES
             elif after > before * (1.0 + FIDELITY_SLACK):
                 # Faster but much less faithful: only for a clear win, not timing noise.
                 kept = times["candidate"] < times["current"] * (1.0 - DYNAMIC_TIE)
