@@ -119,6 +119,12 @@ class RunCache:
                 self._memory.popitem(last=False)
         return value
 
+    def items(self) -> list[tuple[str, str, Any]]:
+        """``(namespace, key, value)`` of what this cache holds in memory, oldest first:
+        to ship a warm cache to workers that cannot fork from this process."""
+        with self._lock:
+            return [(*k.split("/", 1), v) for k, v in self._memory.items()]
+
     def clear_memory(self) -> None:
         with self._lock:
             self._memory.clear()

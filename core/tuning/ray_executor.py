@@ -85,14 +85,14 @@ class _RemoteGate:
 def cache_snapshot(folder: Path | None) -> dict[str, Any]:
     """The picklable values the run cache at ``folder`` holds in this process's memory."""
     with using_run_cache(folder) as cache:
-        items = dict(cache._memory)  # core request: a public RunCache.items()
+        items = cache.items()
     kept = {}
-    for key, value in items.items():
+    for namespace, key, value in items:
         try:
             pickle.dumps(value)
         except Exception:  # sessions, locks, ...: the worker rebuilds those
             continue
-        kept[key] = value
+        kept[f"{namespace}/{key}"] = value
     return kept
 
 
