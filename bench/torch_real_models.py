@@ -801,6 +801,8 @@ def main() -> None:
         "mobilenetv3": lambda: image_case("MobileNetV3-Small", MobileNetV3Small(), args.image_size),
         "vad": vad_case,
     }
+    load_start = os.getloadavg()
+    print(f"load average at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
     workspace = ROOT / "bench" / "results" / "torch_real_models_workspace"
     shutil.rmtree(workspace, ignore_errors=True)  # fit must tune afresh, not resume
     results = []
@@ -817,6 +819,7 @@ def main() -> None:
     payload = {
         "results": results,
         "load_average": load,
+        "load_average_start": load_start,
         "torch": torch.__version__,
         "args": vars(args),
         "table": text,
