@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/5"
+_CACHE_FORMAT = "lpq-onnxrt-latency/6"
 #: A change must make the model this much faster (relative) to be kept; a change that
 #: only gains fidelity (an op type back to fp32) is kept when it costs no more than this.
 DEFAULT_MARGIN = 0.03
@@ -373,6 +373,15 @@ def decide(
         candidate = build(fp32, "qdq", matmuls)
         if better(current, candidate, f"{len(matmuls)} ops -> dynamic int8", tie=DYNAMIC_TIE):
             dyn, current, fmt = matmuls, candidate, "qdq"
+            # The static ops left beside them (residual Adds, activation x activation
+            # MatMuls, embeddings) all back in fp32 at once: ORT's quantize_dynamic plan.
+            # Singly each may look slower (Q/DQ churn), together they may cost nothing.
+            rest = frozenset(name for name, _ in ops if name not in dyn)
+            if rest and len(rest) + len(dyn) == len(ops):
+                candidate = build(rest, fmt, dyn)
+                what = f"{len(rest)} static ops beside dynamic ones -> fp32"
+                if better(current, candidate, what, tie=DYNAMIC_TIE):
+                    fp32, current = rest, candidate
 
     by_type: dict[str, list[str]] = {}
     for name, op_type in ops:
@@ -380,8 +389,8 @@ def decide(
     # Types with many ops first: they move the total most and are measured most reliably.
     for op_type, names in sorted(by_type.items(), key=lambda item: -len(item[1])):
         trial = fp32 | frozenset(names)
-        if len(trial) == len(ops):
-            continue  # all-fp32 is checked last, against the fp32 model itself
+        if trial == fp32 or len(trial) == len(ops):
+            continue  # nothing new; all-fp32 is checked last, against the fp32 model
         candidate = build(trial, fmt, dyn - trial)
         if better(current, candidate, f"{op_type} ({len(names)} ops) -> fp32", tie=margin):
             fp32, current = trial, candidate
