@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+import lpq
 from lpq import ConfigError, OpConfig, TuneConfig
 
 from . import state
@@ -176,6 +177,8 @@ def paired_ratio(a: torch.nn.Module, b: torch.nn.Module, args: CallArgs) -> floa
         for _ in range(2):  # compile, then warm up
             fa(args)
             fb(args)
+    # With parallel tuning workers: time with the machine to ourselves.
+    with torch.inference_mode(), lpq.exclusive_timing():
         start = time.perf_counter()
         while len(ratios) < MAX_ROUNDS and (
             len(ratios) < MIN_ROUNDS or time.perf_counter() - start < MIN_SECONDS
