@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from sklearn.datasets import load_digits
 
 import lpq
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Two intra-op threads spin against each other on a loaded 2-core CI machine (a
+    64-wide Linear then takes milliseconds); one thread is what this test needs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def trained_digits_mlp() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
