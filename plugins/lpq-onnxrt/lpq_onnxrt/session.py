@@ -17,6 +17,16 @@ if TYPE_CHECKING:
     import onnxruntime
 
 
+def _allowed_cores() -> int | None:
+    """The cores this process may run on, when fewer than the machine has (a parallel
+    tuning worker pinned to its share): ORT sizes its thread pool to the machine and
+    ignores the affinity, so two threads would spin on one core. ``None``: ORT's default."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = len(os.sched_getaffinity(0))
+    return allowed if allowed < (os.cpu_count() or allowed) else None
+
+
 def build_session_options(
     options: Mapping[str, Any] | None = None,
 ) -> onnxruntime.SessionOptions:
@@ -30,6 +40,8 @@ def build_session_options(
     opts.log_severity_level = 3
     options = options or {}
     threads = options.get("intra_op_num_threads", options.get("threads"))
+    if threads is None:
+        threads = _allowed_cores()
     if threads is not None:
         opts.intra_op_num_threads = int(threads)
     if options.get("inter_op_num_threads") is not None:

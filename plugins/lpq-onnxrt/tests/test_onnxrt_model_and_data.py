@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,23 @@ def test_a_torch_dataloader_feeds_an_onnx_model(digits):
     result = pm.evaluate("onnxrt", digits["model"], loader, [TopK(1)])
     assert result.samples == len(digits["eval_x"])
     assert result.accuracy > 0.95
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs CPU affinity and two cores",
+)
+def test_sessions_use_the_cores_a_pinned_worker_owns():
+    """A parallel tuning worker pinned to one core gets a one-thread ORT pool (ORT itself
+    sizes it to the whole machine); unpinned, ORT's default is kept."""
+    from lpq_onnxrt.session import build_session_options
+
+    every = os.sched_getaffinity(0)
+    if len(every) == os.cpu_count():
+        assert build_session_options().intra_op_num_threads == 0, "ORT's default"
+    try:
+        os.sched_setaffinity(0, {min(every)})
+        assert build_session_options().intra_op_num_threads == 1
+        assert build_session_options({"intra_op_num_threads": 2}).intra_op_num_threads == 2
+    finally:
+        os.sched_setaffinity(0, every)
