@@ -17,10 +17,11 @@ Ops set to fp32 are excluded from every pass. The input model is never modified.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -479,6 +480,25 @@ def _reduce_range(tensor: TensorConfig | None) -> bool:
 # --------------------------------------------------------------------------- dynamic
 
 
+class _AlreadyQuantizedWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "already quantized" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_about_qdq_nodes() -> Iterator[None]:
+    """The dynamic pass runs on a model the static pass already gave Q/DQ nodes (a
+    mixed plan), and ORT's quantizer warns on the root logger that the model may be
+    quantized already: expected here, and noise to a user, so it is dropped."""
+    root = logging.getLogger()
+    quiet = _AlreadyQuantizedWarning()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+
+
 def _dynamic_pass(
     model: onnx.ModelProto, ops: Mapping[str, OpConfig], options: Mapping[str, Any]
 ) -> onnx.ModelProto:
@@ -517,7 +537,8 @@ def _dynamic_pass(
                 op_types,
                 extra,
             )
-            quantizer.quantize_model()
+            with _quiet_about_qdq_nodes():
+                quantizer.quantize_model()
         except (ValueError, KeyError, TypeError, AssertionError) as exc:
             raise ModelError(
                 f"ONNX Runtime's dynamic quantizer failed ({type(exc).__name__}: {exc})",
