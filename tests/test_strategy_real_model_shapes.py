@@ -133,6 +133,25 @@ def fallen_in(trial: lpq.TrialRecord) -> set[str]:
     return {name for (name, _), c in cfg.ops.items() if not c.quantized}
 
 
+def chain_with_decoys(model, is_decoy) -> lpq.Inspection:
+    """Activations whose error accumulates down the chain of ops (the real damage), plus
+    a large error on quantized ``is_decoy(name, op_type)`` ops that costs the output
+    nothing."""
+    source = model.source if isinstance(model, FakeQuantizedModel) else model
+    activations, damage = {}, 0.0
+    for name, op_type in source.ops:
+        quantized = isinstance(model, FakeQuantizedModel) and (
+            model.tune_cfg.ops[(name, op_type)].quantized
+        )
+        damage += source.sensitivity.get(name, 0.0) if quantized else 0.0
+        value = np.ones((2, 4), np.float32)
+        value[:, 0] += np.float32(np.sqrt(damage))
+        if quantized and is_decoy(name, op_type):
+            value[:, 1] += 3.0
+        activations[name] = [value]
+    return lpq.Inspection(activations=activations)
+
+
 class LoneOpsRunFloat(FakeAdaptorPlugin):
     """Like ORT on Silero VAD: Add and Sigmoid are planned int8 but have no int8 kernel
     alone, so the converted model runs them in float (reported by ``lpq_quantized_ops``);
@@ -159,20 +178,7 @@ class LoneOpsRunFloat(FakeAdaptorPlugin):
     def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
         if framework != "fake":
             return None
-        source = model.source if isinstance(model, FakeQuantizedModel) else model
-        activations, damage = {}, 0.0
-        for name, op_type in source.ops:
-            quantized = isinstance(model, FakeQuantizedModel) and (
-                model.tune_cfg.ops[(name, op_type)].quantized
-            )
-            if quantized:
-                damage += source.sensitivity.get(name, 0.0)
-            value = np.ones((2, 4), np.float32)
-            value[:, 0] += np.float32(np.sqrt(damage))
-            if quantized and op_type in self.float_types:
-                value[:, 1] += 3.0  # looks terrible, costs the output nothing
-            activations[name] = [value]
-        return lpq.Inspection(activations=activations)
+        return chain_with_decoys(model, lambda name, op_type: op_type in self.float_types)
 
 
 def test_ops_that_run_in_float_are_never_probed(lpq_plugin, tmp_path):
@@ -216,19 +222,7 @@ class SlowUnlessConvsRunInt8(FakeAdaptorPlugin):
     def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
         if framework != "fake":
             return None
-        source = model.source if isinstance(model, FakeQuantizedModel) else model
-        activations, damage = {}, 0.0
-        for name, op_type in source.ops:
-            quantized = isinstance(model, FakeQuantizedModel) and (
-                model.tune_cfg.ops[(name, op_type)].quantized
-            )
-            damage += source.sensitivity.get(name, 0.0) if quantized else 0.0
-            value = np.ones((2, 4), np.float32)
-            value[:, 0] += np.float32(np.sqrt(damage))
-            if quantized and name == "conv5":
-                value[:, 1] += 3.0  # looks terrible, costs the output nothing
-            activations[name] = [value]
-        return lpq.Inspection(activations=activations)
+        return chain_with_decoys(model, lambda name, op_type: name == "conv5")
 
 
 def test_a_whole_op_type_fallen_for_one_op_is_won_back(lpq_plugin, tmp_path):
