@@ -140,21 +140,27 @@ for _kind, _op in (("add", "Add"), ("add_", "Add"), ("sub", "Sub"), ("mul", "Mul
     TRANSLATIONS[_kind] = _binary(_op)
 
 
+def _pool_attributes(kw: dict[str, Any], spatial: int) -> dict[str, Any]:
+    """ONNX attributes every pooling op shares, from torch's pooling arguments."""
+    kernel = _ints(kw["kernel_size"], spatial)
+    return {
+        "kernel_shape": kernel,
+        "strides": _ints(kw.get("stride") or kernel, spatial),
+        "pads": _ints(kw.get("padding", 0), spatial) * 2,
+        "ceil_mode": int(bool(kw.get("ceil_mode", False))),
+    }
+
+
 @_register("max_pool1d", "max_pool2d")
 def _max_pool(e: Emitter, node: torch.fx.Node, kw: dict[str, Any], name: str) -> None:
     spatial = e.rank(kw["input"]) - 2
-    kernel = _ints(kw["kernel_size"], spatial)
-    stride = kw.get("stride") or kernel
     e.emit(
         "MaxPool",
         [e.value(kw["input"])],
         [node.name],
         name,
-        kernel_shape=kernel,
-        strides=_ints(stride, spatial),
-        pads=_ints(kw.get("padding", 0), spatial) * 2,
+        **_pool_attributes(kw, spatial),
         dilations=_ints(kw.get("dilation", 1), spatial),
-        ceil_mode=int(bool(kw.get("ceil_mode", False))),
     )
 
 
@@ -162,18 +168,12 @@ def _max_pool(e: Emitter, node: torch.fx.Node, kw: dict[str, Any], name: str) ->
 def _avg_pool(e: Emitter, node: torch.fx.Node, kw: dict[str, Any], name: str) -> None:
     if kw.get("divisor_override") is not None:
         raise ModelError(f"{node.name}: avg_pool with divisor_override has no ONNX equivalent")
-    spatial = e.rank(kw["input"]) - 2
-    kernel = _ints(kw["kernel_size"], spatial)
-    stride = kw.get("stride") or kernel
     e.emit(
         "AveragePool",
         [e.value(kw["input"])],
         [node.name],
         name,
-        kernel_shape=kernel,
-        strides=_ints(stride, spatial),
-        pads=_ints(kw.get("padding", 0), spatial) * 2,
-        ceil_mode=int(bool(kw.get("ceil_mode", False))),
+        **_pool_attributes(kw, e.rank(kw["input"]) - 2),
         count_include_pad=int(bool(kw.get("count_include_pad", True))),
     )
 
