@@ -269,16 +269,12 @@ class TuningDriver(TuningContext):
             self.on_trial(record)
 
     def within_tolerance(self, record: TrialRecord) -> bool:
-        return record.status == "ok" and self.config.accuracy_criterion.meets(
-            self.baseline.accuracy, record.accuracy, self.higher_is_better
-        )
+        return record.status == "ok" and self.latency_rule.wants(record.accuracy)
 
     def _meets(self, record: TrialRecord) -> bool:
         """Accuracy within tolerance and, for the performance objective, not slower than
         fp32: a slower "quantized" model is no answer to a speed goal."""
-        if record.status != "ok" or not self.config.accuracy_criterion.meets(
-            self.baseline.accuracy, record.accuracy, self.higher_is_better
-        ):
+        if not self.within_tolerance(record):
             return False
         if record.counts_from == "model" and record.quantized_ops == 0:
             return False  # the converted model runs every op in float: it is the baseline
