@@ -66,17 +66,22 @@ class AccuracyCriterion:
                 hint="0.01 means 1%; use criterion='absolute' for a loss in metric units",
             )
 
-    def meets(self, baseline: float, accuracy: float, higher_is_better: bool) -> bool:
-        """Whether ``accuracy`` is within tolerance of ``baseline``."""
-        if math.isnan(accuracy):
-            return False
+    def goal(self, baseline: float, higher_is_better: bool) -> float:
+        """The worst accuracy still within tolerance of ``baseline``."""
         if self.criterion == "relative":
             margin = abs(baseline) * self.tolerable_loss
         else:
             margin = self.tolerable_loss
+        return baseline - margin if higher_is_better else baseline + margin
+
+    def meets(self, baseline: float, accuracy: float, higher_is_better: bool) -> bool:
+        """Whether ``accuracy`` is within tolerance of ``baseline``."""
+        if math.isnan(accuracy):
+            return False
+        goal = self.goal(baseline, higher_is_better)
         if higher_is_better:
-            return accuracy >= baseline - margin - 1e-12
-        return accuracy <= baseline + margin + 1e-12
+            return accuracy >= goal - 1e-12
+        return accuracy <= goal + 1e-12
 
 
 @dataclass

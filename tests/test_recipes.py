@@ -106,6 +106,47 @@ def test_auto_tries_recipes_before_falling_back_ops(lpq_plugin, tmp_path):
     assert result.best.stage == "recipe smooth=True"
 
 
+class BarelySmoothingAdaptor(SmoothingAdaptor):
+    """Its 'smooth' recipe trims every op's accuracy cost by 1%: a noise-level gain."""
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        if tune_cfg.options.get("smooth"):
+            model = FakeModel(
+                ops=model.ops, sensitivity={k: v * 0.99 for k, v in model.sensitivity.items()}
+            )
+        options = {**tune_cfg.options, "smooth": False}  # the parent must not smooth again
+        plain = lpq.TuneConfig(tune_cfg.ops, tune_cfg.calib_sampling_size, options)
+        return FakeAdaptorPlugin.lpq_quantize(
+            self, framework, model, plain, calib_dataloader, train_func
+        )
+
+
+def test_a_recipe_with_a_noise_level_gain_is_not_carried_into_later_trials(
+    lpq_plugin, tmp_path
+):
+    lpq_plugin(BarelySmoothingAdaptor(tmp_path), name="fake")
+    ops = [(f"op{i}", "MatMul") for i in range(10)]
+    sensitivity = {f"op{i}": 0.001 for i in range(10)} | {"op3": 0.05}
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=20),
+    )
+    result = tune(FakeModel(ops=ops, sensitivity=sensitivity), conf, tmp_path)
+    stages = [t.stage for t in result.trials]
+    assert "recipe smooth=True" in stages, "the recipe was tried"
+    smooth = next(t for t in result.trials if t.stage == "recipe smooth=True")
+    default = next(t for t in result.trials if t.stage == "default")
+    assert smooth.accuracy > default.accuracy, "it did gain, a little"
+    assert result.goal_met
+    assert result.tune_cfg.options["smooth"] is False, "a 1% gain is not worth keeping"
+    later = [t for t in result.trials if t.index > smooth.index]
+    assert later
+    assert all(lpq.TuneConfig.from_json(t.tune_cfg).options["smooth"] is False for t in later)
+
+
 def test_quantize_turns_latency_awareness_on_unless_told_otherwise(lpq_plugin, tmp_path):
     lpq_plugin(SmoothingAdaptor(tmp_path), name="fake")
     model = FakeModel(ops=[("op0", "Conv"), ("op1", "MatMul")])

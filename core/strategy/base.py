@@ -62,6 +62,11 @@ class TuningContext(ABC):
         goal by being slower than fp32 under the performance objective)."""
         return self.meets_goal(record)
 
+    def shortfall(self, record: TrialRecord) -> float | None:
+        """How far ``record``'s accuracy is from the goal, in metric units (<= 0: within
+        it); ``None`` when unknown (a failed trial, or a context that cannot say)."""
+        return None
+
     @abstractmethod
     def better(self, a: TrialRecord, b: TrialRecord | None) -> bool:
         """Whether ``a`` beats ``b`` on the objective (among goal-meeting trials)."""

@@ -271,6 +271,11 @@ class TuningDriver(TuningContext):
     def within_tolerance(self, record: TrialRecord) -> bool:
         return record.status == "ok" and self.latency_rule.wants(record.accuracy)
 
+    def shortfall(self, record: TrialRecord) -> float | None:
+        if record.status != "ok" or record.accuracy != record.accuracy:
+            return None
+        return self.latency_rule.shortfall(record.accuracy)
+
     def _meets(self, record: TrialRecord) -> bool:
         """Accuracy within tolerance and, for the performance objective, not slower than
         fp32: a slower "quantized" model is no answer to a speed goal."""

@@ -46,6 +46,11 @@ class LatencyRule:
     def wants(self, accuracy: float) -> bool:
         return self.criterion.meets(self.baseline, accuracy, self.higher_is_better)
 
+    def shortfall(self, accuracy: float) -> float:
+        """How far ``accuracy`` is from the goal, in metric units (<= 0: within it)."""
+        goal = self.criterion.goal(self.baseline, self.higher_is_better)
+        return goal - accuracy if self.higher_is_better else accuracy - goal
+
 
 @dataclass(frozen=True)
 class TrialSpec:
