@@ -124,9 +124,7 @@ class BarelySmoothingAdaptor(SmoothingAdaptor):
         )
 
 
-def test_a_recipe_with_a_noise_level_gain_is_not_carried_into_later_trials(
-    lpq_plugin, tmp_path
-):
+def test_a_recipe_with_a_noise_level_gain_is_not_carried_into_later_trials(lpq_plugin, tmp_path):
     lpq_plugin(BarelySmoothingAdaptor(tmp_path), name="fake")
     ops = [(f"op{i}", "MatMul") for i in range(10)]
     sensitivity = {f"op{i}": 0.001 for i in range(10)} | {"op3": 0.05}
