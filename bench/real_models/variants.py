@@ -138,19 +138,10 @@ def _as_session_source(model: Any) -> Any:
     return str(model)
 
 
-@contextlib.contextmanager
-def latency_batch(batch: int | None) -> Iterator[None]:
-    """lpq's latency decisions measured at ``batch`` (``LPQ_LATENCY_BATCH_SIZE``, what a
-    user deploying at that batch sets); None: at the calibration batch."""
-    previous = os.environ.pop("LPQ_LATENCY_BATCH_SIZE", None)
-    if batch is not None:
-        os.environ["LPQ_LATENCY_BATCH_SIZE"] = str(batch)
-    try:
-        yield
-    finally:
-        os.environ.pop("LPQ_LATENCY_BATCH_SIZE", None)
-        if previous is not None:
-            os.environ["LPQ_LATENCY_BATCH_SIZE"] = previous
+def batch_options(batch: int | None) -> dict[str, Any]:
+    """lpq-onnxrt's ``latency_batch_size`` (what a user deploying at ``batch`` sets); None:
+    latency decisions at the calibration batch."""
+    return {} if batch is None else {"latency_batch_size": batch}
 
 
 def _latency_info(model: Any) -> dict[str, Any]:
@@ -168,9 +159,12 @@ def lpq_default(
     """``lpq quantize --backend onnxrt-cpu``: U8S8, latency-aware (decisions at ``batch``)."""
     import lpq
 
-    conf = lpq.PostTrainingQuantConfig(backend="onnxrt-cpu", calibration_sampling_size=len(calib))
-    with latency_batch(batch):
-        result = lpq.quantize(str(src), conf, calib_dataloader=calib)
+    conf = lpq.PostTrainingQuantConfig(
+        backend="onnxrt-cpu",
+        calibration_sampling_size=len(calib),
+        adaptor_options=batch_options(batch),
+    )
+    result = lpq.quantize(str(src), conf, calib_dataloader=calib)
     result.save(target)
     return target, {**_latency_info(result.model), "latency_batch": batch or 1}
 
@@ -232,9 +226,9 @@ def lpq_tuned_at(
     import lpq
 
     cfg = lpq.TuneConfig.from_json(json.loads(tuned.with_suffix(".cfg.json").read_text()))
+    cfg.options.update(batch_options(batch))
     conf = lpq.PostTrainingQuantConfig(calibration_sampling_size=len(calib))
-    with latency_batch(batch):
-        final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
+    final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
     final.save(target)
     return target, {**_latency_info(final.model), "latency_batch": batch}
 
