@@ -196,8 +196,13 @@ def lpq_tuned(
 ) -> tuple[Path, dict[str, Any]]:
     """``lpq.fit`` to a 1% relative goal on the fidelity metric (tuning data, 20 trials), then
     the chosen configuration quantized latency-aware."""
+    import shutil
+
     import lpq
 
+    # Tune afresh: a workspace left by an earlier run would be resumed, replaying trials
+    # that older code ran.
+    shutil.rmtree(workspace, ignore_errors=True)
     conf = lpq.PostTrainingQuantConfig(
         calibration_sampling_size=len(calib),
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
