@@ -72,9 +72,25 @@ def tune(model: FakeModel, conf: lpq.PostTrainingQuantConfig, tmp_path: Path):
     )
 
 
+def one_harmful_op(op_type: str, count: int, each: float) -> FakeModel:
+    """``count`` ops of ``op_type`` costing ``each`` accuracy when quantized, but op3 0.05."""
+    ops = [(f"op{i}", op_type) for i in range(count)]
+    return FakeModel(ops=ops, sensitivity={f"op{i}": each for i in range(count)} | {"op3": 0.05})
+
+
+def one_percent_goal(max_trials: int = 20) -> lpq.PostTrainingQuantConfig:
+    return lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=max_trials),
+    )
+
+
 class SmoothingAdaptor(FakeAdaptorPlugin):
     """Its 'smooth' recipe halves every op's accuracy cost, as SmoothQuant does for
     outlier-heavy MatMuls."""
+
+    #: What 'smooth' multiplies each op's accuracy cost by.
+    factor = 0.25
 
     def __init__(self, folder: Path) -> None:
         super().__init__(folder)
@@ -85,9 +101,8 @@ class SmoothingAdaptor(FakeAdaptorPlugin):
         if framework != "fake":
             return None
         if tune_cfg.options.get("smooth"):
-            model = FakeModel(
-                ops=model.ops, sensitivity={k: v / 4 for k, v in model.sensitivity.items()}
-            )
+            scaled = {k: v * self.factor for k, v in model.sensitivity.items()}
+            model = FakeModel(ops=model.ops, sensitivity=scaled)
         return super().lpq_quantize(framework, model, tune_cfg, calib_dataloader, train_func)
 
 
@@ -109,30 +124,12 @@ def test_auto_tries_recipes_before_falling_back_ops(lpq_plugin, tmp_path):
 class BarelySmoothingAdaptor(SmoothingAdaptor):
     """Its 'smooth' recipe trims every op's accuracy cost by 1%: a noise-level gain."""
 
-    @lpq.hookimpl
-    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
-        if framework != "fake":
-            return None
-        if tune_cfg.options.get("smooth"):
-            model = FakeModel(
-                ops=model.ops, sensitivity={k: v * 0.99 for k, v in model.sensitivity.items()}
-            )
-        options = {**tune_cfg.options, "smooth": False}  # the parent must not smooth again
-        plain = lpq.TuneConfig(tune_cfg.ops, tune_cfg.calib_sampling_size, options)
-        return FakeAdaptorPlugin.lpq_quantize(
-            self, framework, model, plain, calib_dataloader, train_func
-        )
+    factor = 0.99
 
 
 def test_a_recipe_with_a_noise_level_gain_is_not_carried_into_later_trials(lpq_plugin, tmp_path):
     lpq_plugin(BarelySmoothingAdaptor(tmp_path), name="fake")
-    ops = [(f"op{i}", "MatMul") for i in range(10)]
-    sensitivity = {f"op{i}": 0.001 for i in range(10)} | {"op3": 0.05}
-    conf = lpq.PostTrainingQuantConfig(
-        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=20),
-    )
-    result = tune(FakeModel(ops=ops, sensitivity=sensitivity), conf, tmp_path)
+    result = tune(one_harmful_op("MatMul", 10, 0.001), one_percent_goal(), tmp_path)
     stages = [t.stage for t in result.trials]
     assert "recipe smooth=True" in stages, "the recipe was tried"
     smooth = next(t for t in result.trials if t.stage == "recipe smooth=True")
@@ -192,13 +189,7 @@ class SlowUnlessFused(SlowUnlessLatencyAware):
 
 def test_an_accurate_but_slow_candidate_is_sped_up_with_a_recipe(lpq_plugin, tmp_path):
     lpq_plugin(SlowUnlessFused(tmp_path), name="fake")
-    ops = [(f"op{i}", "Conv") for i in range(8)]
-    cost = {f"op{i}": 0.0002 for i in range(8)} | {"op3": 0.05}
-    conf = lpq.PostTrainingQuantConfig(
-        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=20),
-    )
-    result = tune(FakeModel(ops=ops, sensitivity=cost), conf, tmp_path)
+    result = tune(one_harmful_op("Conv", 8, 0.0002), one_percent_goal(), tmp_path)
     assert result.goal_met, [(t.stage, t.accuracy, t.latency_ms) for t in result.trials]
     assert result.tune_cfg.options["fuse"] is True
     assert result.best.stage.startswith("speed up with")
