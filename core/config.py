@@ -74,14 +74,16 @@ class AccuracyCriterion:
             margin = self.tolerable_loss
         return baseline - margin if higher_is_better else baseline + margin
 
+    def shortfall(self, baseline: float, accuracy: float, higher_is_better: bool) -> float:
+        """How far ``accuracy`` falls short of the goal, in metric units (<= 0: within it)."""
+        goal = self.goal(baseline, higher_is_better)
+        return goal - accuracy if higher_is_better else accuracy - goal
+
     def meets(self, baseline: float, accuracy: float, higher_is_better: bool) -> bool:
         """Whether ``accuracy`` is within tolerance of ``baseline``."""
         if math.isnan(accuracy):
             return False
-        goal = self.goal(baseline, higher_is_better)
-        if higher_is_better:
-            return accuracy >= goal - 1e-12
-        return accuracy <= goal + 1e-12
+        return self.shortfall(baseline, accuracy, higher_is_better) <= 1e-12
 
 
 @dataclass

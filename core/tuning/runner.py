@@ -48,8 +48,7 @@ class LatencyRule:
 
     def shortfall(self, accuracy: float) -> float:
         """How far ``accuracy`` is from the goal, in metric units (<= 0: within it)."""
-        goal = self.criterion.goal(self.baseline, self.higher_is_better)
-        return goal - accuracy if self.higher_is_better else accuracy - goal
+        return self.criterion.shortfall(self.baseline, accuracy, self.higher_is_better)
 
 
 @dataclass(frozen=True)
