@@ -36,6 +36,8 @@ class QuantizedModel:
     fp32_weights: dict[str, list[str]] = field(default_factory=dict)
     #: latency-aware decisions (ops kept fp32, format, measurements), when it ran.
     latency: dict[str, Any] | None = None
+    #: what the ``auto`` activation range algorithm resolved to, and why (output errors).
+    range_choice: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         quantized = len(self.tune_cfg.quantized_ops())

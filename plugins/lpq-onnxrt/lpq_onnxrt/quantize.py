@@ -18,6 +18,7 @@ Ops set to fp32 are excluded from every pass. The input model is never modified.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections import Counter
@@ -28,7 +29,7 @@ import numpy as np
 
 from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from . import graph, latency, model_io, ranges, recipes
+from . import graph, latency, model_io, range_choice, ranges, recipes
 from .qmodel import QuantizedModel
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def quantize(
     used_ranges: dict[str, tuple[float, float]] = {}
     effective = tune_cfg
     decision: latency.LatencyDecision | None = None
+    ranges_chosen: range_choice.RangeChoice | None = None
     if groups["static"]:
         if calib_dataloader is None:
             raise DataError(
@@ -120,14 +122,13 @@ def quantize(
 
         dynamic_configs = _dynamic_alternatives(prepared.model, tune_cfg, groups["static"])
 
-        def build(
-            fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
+        def build_plan(
+            plan: Mapping[str, OpConfig],
+            fp32_ops: frozenset[str],
+            form: str,
+            dynamic_ops: frozenset[str] = frozenset(),
         ) -> onnx.ModelProto:
-            static = {
-                n: c
-                for n, c in groups["static"].items()
-                if n not in fp32_ops and n not in dynamic_ops
-            }
+            static = {n: c for n, c in plan.items() if n not in fp32_ops and n not in dynamic_ops}
             built = model_io.copy_model(base)
             if static:
                 built, _ = _static_pass(built, static, tune_cfg, stats, form)
@@ -136,6 +137,25 @@ def quantize(
                 dyn = {n: dynamic_configs[n] for n in dynamic_ops}
                 built = _dynamic_pass(built, dyn, tune_cfg.options)
             return built
+
+        def build(
+            fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
+        ) -> onnx.ModelProto:
+            return build_plan(groups["static"], fp32_ops, form, dynamic_ops)
+
+        # One output-error function: its fp32 reference outputs are computed once.
+        output_error = functools.cache(
+            lambda: _output_error(prepared.model, tune_cfg, calib_dataloader)
+        )
+        auto = set(range_choice.auto_ops(groups["static"]))
+        if auto:  # decided on the plain model, like the latency decisions below
+            form = "qdq" if fmt == "auto" else fmt
+            groups["static"], ranges_chosen = range_choice.resolve(
+                groups["static"], lambda plan: build_plan(plan, frozenset(), form), output_error()
+            )
+            effective = effective.with_ops(
+                {key: groups["static"][key[0]] for key in tune_cfg.ops if key[0] in auto}
+            )
 
         if latency.enabled(tune_cfg.options):
             # Decided on the plain model: the recipes change values, not the graph's shape.
@@ -147,6 +167,7 @@ def quantize(
                 fmt,
                 build,
                 list(dynamic_configs),
+                output_error(),
             )
             fmt = decision.quant_format
             changed: dict[tuple[str, str], OpConfig] = {
@@ -155,7 +176,7 @@ def quantize(
             for key in tune_cfg.ops:
                 if key[0] in set(decision.dynamic_ops):
                     changed[key] = groups["dynamic"][key[0]] = dynamic_configs[key[0]]
-            effective = tune_cfg.with_ops(changed)
+            effective = effective.with_ops(changed)
             for name in [*decision.fp32_ops, *decision.dynamic_ops]:
                 groups["static"].pop(name, None)
         if fmt == "auto":
@@ -202,6 +223,7 @@ def quantize(
         fp32_outputs=graph.node_outputs(base),
         fp32_weights=graph.node_weights(base),
         latency=decision.to_json() if decision is not None else None,
+        range_choice=ranges_chosen.to_json() if ranges_chosen is not None else None,
     )
 
 
@@ -247,6 +269,16 @@ def _latency_batch_size(options: Mapping[str, Any]) -> int | None:
     return size
 
 
+def _output_error(
+    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
+) -> Callable[[onnx.ModelProto], float]:
+    """A model's output error against fp32 on a spread of calibration batches."""
+    feeds = ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size)
+    return latency.output_error(
+        tune_cfg.options, latency.spread(feeds, latency.ERROR_BATCHES), model
+    )
+
+
 def _latency_decision(
     prepared: model_io.PreparedModel,
     tune_cfg: TuneConfig,
@@ -255,6 +287,7 @@ def _latency_decision(
     fmt: str,
     build: latency.Builder,
     dynamic: list[str],
+    error: Callable[[onnx.ModelProto], float],
 ) -> latency.LatencyDecision:
     """Measure (or read from the cache) which static ops int8 makes slower here, and which
     run faster (or as fast, more faithfully) dynamically quantized."""
@@ -286,16 +319,7 @@ def _latency_decision(
         margin=float(options.get("latency_margin", latency.DEFAULT_MARGIN)),
         blame=blame,
         dynamic=dynamic,
-        error=latency.output_error(
-            options,
-            latency.spread(
-                ranges.limited_feeds(
-                    prepared.model, calib_dataloader, tune_cfg.calib_sampling_size
-                ),
-                latency.ERROR_BATCHES,
-            ),
-            prepared.model,
-        ),
+        error=error,
     )
     latency.store(folder, key, decision)
     return decision

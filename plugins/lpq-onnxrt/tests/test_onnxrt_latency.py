@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import lpq
-from lpq_onnxrt import latency
+from lpq_onnxrt import latency, range_choice
 
 FW = "onnxrt"
 
@@ -66,7 +66,9 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
 
     prepared = model_io.prepare(str(lpq_sample_model))
     cap = build_capability(prepared.model)
-    cfg = lpq.TuneConfig(ops={k: cap.default_op_config(k) for k in cap.opwise})
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    # _static_pass takes resolved algorithms (quantize resolves the default, auto).
+    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
     candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
     stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
 

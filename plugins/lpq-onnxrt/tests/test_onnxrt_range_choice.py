@@ -1,0 +1,113 @@
+"""The ``auto`` activation range algorithm: chosen by output error, explicit ones kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lpq
+from lpq_onnxrt import latency, range_choice
+
+FW = "onnxrt"
+
+
+@pytest.fixture
+def pm() -> lpq.PluginManager:
+    return lpq.get_plugin_manager()
+
+
+def _choose(errors: dict[str, float]) -> str:
+    """range_choice.choose with scripted output errors per candidate."""
+    built = {name: onnx.ModelProto(doc_string=name) for name in errors}
+    return range_choice.choose(
+        lambda name: built[name], lambda model: errors[model.doc_string], tuple(errors)
+    ).algorithm
+
+
+def test_choose_keeps_minmax_unless_a_clipping_algorithm_is_clearly_better():
+    assert _choose({"minmax": 1.0, "percentile": 0.5, "mse": 0.7}) == "percentile"
+    assert _choose({"minmax": 1.0, "percentile": 0.9, "mse": 0.6}) == "mse"
+    # 1% better on the calibration data itself: noise, minmax stays.
+    assert _choose({"minmax": 1.0, "percentile": 0.99, "mse": 1.2}) == "minmax"
+    assert _choose({"minmax": 0.3, "percentile": 0.5, "mse": 0.4}) == "minmax"
+
+
+def _default_cfg(pm: lpq.PluginManager, model: Any, loader: Any, samples: int = 64) -> Any:
+    cap = pm.query_capability(FW, model, loader, {})
+    return lpq.TuneConfig(
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        calib_sampling_size=samples,
+        options={"quant_format": "qdq"},
+    )
+
+
+def _algorithms(cfg: lpq.TuneConfig) -> set[str]:
+    return {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
+
+
+def _measured_error(model: onnx.ModelProto, fp32: Any, loader: Any) -> float:
+    from lpq_onnxrt import model_io, ranges
+
+    prepared = model_io.prepare(fp32)
+    feeds = latency.spread(ranges.limited_feeds(prepared.model, loader, 64), latency.ERROR_BATCHES)
+    return latency.output_error({}, feeds, prepared.model)(model)
+
+
+def test_default_is_auto_and_the_result_records_what_it_resolved_to(
+    pm, lpq_sample_model, calib_loader
+):
+    cfg = _default_cfg(pm, lpq_sample_model, calib_loader)
+    assert _algorithms(cfg) == {range_choice.AUTO}
+    result = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    choice = result.range_choice
+    assert set(choice["errors"]) == set(range_choice.CANDIDATES)
+    # Every static op of the returned tune_cfg names the algorithm its ranges came from.
+    assert _algorithms(result.tune_cfg) == {choice["algorithm"]}
+    # The error recorded for the choice is the quantized model's own output error.
+    measured = _measured_error(result.proto, lpq_sample_model, calib_loader)
+    assert measured == pytest.approx(choice["errors"][choice["algorithm"]], rel=1e-4, abs=1e-9)
+
+
+def test_an_explicit_algorithm_is_never_replaced(pm, lpq_sample_model, calib_loader):
+    cfg = _default_cfg(pm, lpq_sample_model, calib_loader)
+    explicit = cfg.with_ops(
+        {key: range_choice.with_algorithm(c, "kl") for key, c in cfg.ops.items() if c.quantized}
+    )
+    result = pm.quantize(FW, lpq_sample_model, explicit, calib_loader)
+    assert result.range_choice is None
+    assert _algorithms(result.tune_cfg) == {"kl"}
+
+
+def _saturating_model() -> onnx.ModelProto:
+    """x -> Sigmoid -> MatMul -> y: a spike in x saturates the sigmoid (clipping it costs
+    nothing) but stretches a minmax range of x for every sample."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (256, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+            helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
+        ],
+        "saturating",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_auto_clips_a_range_that_minmax_stretches(pm):
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, (512, 256)).astype(np.float32)
+    x[100, 7] = 1000.0  # one value in 131072, as a long audio stream has
+    loader = lpq.ArrayLoader(x, batch_size=16)
+    model = _saturating_model()
+    result = pm.quantize(FW, model, _default_cfg(pm, model, loader, samples=512), loader)
+    choice = result.range_choice
+    assert choice["algorithm"] != "minmax"
+    assert choice["errors"][choice["algorithm"]] < 0.5 * choice["errors"]["minmax"]
+    assert result.ranges["x"][1] < 10.0  # read from the quantized model's ranges
