@@ -1,13 +1,17 @@
 """The ``auto`` activation range algorithm: pick minmax, percentile or mse by output error.
 
-No one range algorithm is best for every model. Minmax clips nothing, which is right for
-a classifier's well-behaved activations, but over a long calibration stream (Silero VAD's
-audio chunks) a few extreme values stretch every range and waste the 256 levels: the
-default plan scored 0.80 on held-out speech with minmax ranges and 0.90 with percentile
-ones. So the capability's default algorithm is ``auto``: the full int8 plan is built once
-per candidate (the histograms are already collected, so a candidate costs one build and
-one run over a few calibration batches) and the candidate with the smallest output error
-against fp32 is used for every op that asked for ``auto``.
+No one range algorithm is best for every model. Minmax clips nothing, which suits
+well-behaved activations, but a few extreme values stretch a range and waste its 256
+levels; clipping (percentile, mse) wins there. On PP-OCRv4 det the default plan's held-out
+text-map IoU went from 0.908 with minmax ranges to 0.942 with mse ones, on the recognizer
+from 0.833 to 0.900. So the capability's default algorithm is ``auto``: the full int8 plan
+is built once per candidate (the histograms are already collected, so a candidate costs
+one build and one run over a few calibration batches) and the candidate with the smallest
+output error against fp32 is used for every op that asked for ``auto``.
+
+Its limit: the error is measured per calibration batch. A recurrent model run as a stream
+(Silero VAD) carries its own quantized state from chunk to chunk, and there the per-batch
+ranking did not predict the streaming result (kl ranked last per chunk, first held out).
 
 An explicit algorithm (``minmax``, ``kl``, ...) from the user or a tuning trial is never
 replaced: only ops whose activation algorithm is ``auto`` are resolved, and the resolved
@@ -32,7 +36,8 @@ AUTO = "auto"
 #: Tried in this order; on a tie the earlier one wins (minmax: no clipping).
 CANDIDATES = ("minmax", "percentile", "mse")
 #: A clipping algorithm replaces minmax only when it cuts the output error by this
-#: fraction: a smaller gain measured on the calibration data itself is noise.
+#: fraction: a smaller gain, measured on the calibration data itself, may not hold on
+#: new data, where minmax (which never clips) is the safer bet.
 MIN_GAIN = 0.02
 
 

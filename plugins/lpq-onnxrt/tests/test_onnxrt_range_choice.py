@@ -103,7 +103,7 @@ def _saturating_model() -> onnx.ModelProto:
 def test_auto_clips_a_range_that_minmax_stretches(pm):
     rng = np.random.default_rng(1)
     x = rng.normal(0, 1, (512, 256)).astype(np.float32)
-    x[100, 7] = 1000.0  # one value in 131072, as a long audio stream has
+    x[100, 7] = 1000.0  # one value in 131072, as a long calibration stream can have
     loader = lpq.ArrayLoader(x, batch_size=16)
     model = _saturating_model()
     result = pm.quantize(FW, model, _default_cfg(pm, model, loader, samples=512), loader)
