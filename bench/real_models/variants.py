@@ -230,8 +230,8 @@ def lpq_tuned_at(
     """The tuned configuration (from :func:`lpq_tuned`) with latency decisions at ``batch``."""
     import lpq
 
-    cfg = lpq.TuneConfig.from_json(json.loads(tuned.with_suffix(".cfg.json").read_text()))
-    cfg.options.update(batch_options(batch))
+    saved = lpq.TuneConfig.from_json(json.loads(tuned.with_suffix(".cfg.json").read_text()))
+    cfg = saved.with_options(batch_options(batch))
     conf = lpq.PostTrainingQuantConfig(calibration_sampling_size=len(calib))
     final = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
     final.save(target)

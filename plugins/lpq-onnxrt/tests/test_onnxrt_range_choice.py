@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import lpq
-from lpq_onnxrt import latency, range_choice
+from lpq_onnxrt import range_choice
 
 FW = "onnxrt"
 
@@ -49,12 +49,12 @@ def _algorithms(cfg: lpq.TuneConfig) -> set[str]:
     return {c.activation.algorithm for c in cfg.ops.values() if c.quantized and c.activation}
 
 
-def _measured_error(model: onnx.ModelProto, fp32: Any, loader: Any) -> float:
-    from lpq_onnxrt import model_io, ranges
+def _measured_error(model: onnx.ModelProto, fp32: Any, cfg: lpq.TuneConfig, loader: Any) -> float:
+    """``model``'s output error as quantize measures it (same calibration batches)."""
+    from lpq_onnxrt import model_io
+    from lpq_onnxrt.quantize import _output_error
 
-    prepared = model_io.prepare(fp32)
-    feeds = latency.spread(ranges.limited_feeds(prepared.model, loader, 64), latency.ERROR_BATCHES)
-    return latency.output_error({}, feeds, prepared.model)(model)
+    return _output_error(model_io.prepare(fp32).model, cfg, loader)(model)
 
 
 def test_default_is_auto_and_the_result_records_what_it_resolved_to(
@@ -68,7 +68,7 @@ def test_default_is_auto_and_the_result_records_what_it_resolved_to(
     # Every static op of the returned tune_cfg names the algorithm its ranges came from.
     assert _algorithms(result.tune_cfg) == {choice["algorithm"]}
     # The error recorded for the choice is the quantized model's own output error.
-    measured = _measured_error(result.proto, lpq_sample_model, calib_loader)
+    measured = _measured_error(result.proto, lpq_sample_model, cfg, calib_loader)
     assert measured == pytest.approx(choice["errors"][choice["algorithm"]], rel=1e-4, abs=1e-9)
 
 
