@@ -44,9 +44,11 @@ import lpq
 if TYPE_CHECKING:
     import onnx
 
+    from .streams import Streams
+
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/7"
+_CACHE_FORMAT = "lpq-onnxrt-latency/8"
 #: A change must make the model this much faster (relative) to be kept; a change that
 #: only gains fidelity (an op type back to fp32) is kept when it costs no more than this.
 DEFAULT_MARGIN = 0.03
@@ -71,6 +73,8 @@ FIDELITY_HALVES = 0.5
 FIDELITY_NOISE = 0.1
 #: Calibration batches the output error is measured on.
 ERROR_BATCHES = 32
+#: Calibration feeds (whole chains) the output error of a streaming model is measured on.
+STREAM_FEEDS = 4 * ERROR_BATCHES
 
 
 class Builder(Protocol):
@@ -258,22 +262,44 @@ def output_error(
     options: Mapping[str, Any],
     feeds: Sequence[Mapping[str, np.ndarray]],
     fp32_model: onnx.ModelProto,
+    found: Streams | None = None,
 ) -> Callable[[onnx.ModelProto], float]:
     """An ``error`` function: a model's relative L2 output error against fp32 over ``feeds``
     (a few calibration batches; float outputs, pooled), for choices that must not cost
-    fidelity. One batch is not enough: a stream's first chunk may be silence."""
+    fidelity. One batch is not enough: a stream's first chunk may be silence.
+
+    With ``found`` (the feeds form streams, see :mod:`lpq_onnxrt.streams`), whole chains
+    of ``feeds`` are run, each model feeding its own state back, and the error is that of
+    the non-state outputs: what a quantized recurrent model gets wrong in a real stream."""
     from .session import create_session
+    from .streams import run_chains
 
     options = measuring_options(options)
     reference: list[np.ndarray] = []
+    chains = found.select(STREAM_FEEDS) if found is not None else [list(range(len(feeds)))]
+    if found is None:
+        compared = None
+    else:
+        # The state outputs' errors already show in the outputs they feed.
+        compared = set(range(len(fp32_model.graph.output))) - set(found.links.values()) or None
 
     def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
         """Per float output, its values over all feeds (flattened, concatenated)."""
         session = create_session(model, options)
+
+        def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            return list(session.run(None, dict(feed)))
+
+        if found is None:
+            results = [run(feed) for feed in feeds]
+        else:
+            results = run_chains(run, feeds, found, chains)
         per_output: dict[int, list[np.ndarray]] = {}
-        for feed in feeds:
-            for index, value in enumerate(session.run(None, dict(feed))):
+        for values in results:
+            for index, value in enumerate(values):
                 array = np.asarray(value)
+                if compared is not None and index not in compared:
+                    continue
                 if np.issubdtype(array.dtype, np.floating):
                     per_output.setdefault(index, []).append(array.astype(np.float64).ravel())
         return [np.concatenate(parts) for _, parts in sorted(per_output.items())]

@@ -29,7 +29,7 @@ import numpy as np
 
 from lpq import ConfigError, DataError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from . import graph, latency, model_io, range_choice, ranges, recipes
+from . import graph, latency, model_io, range_choice, ranges, recipes, streams
 from .qmodel import QuantizedModel
 
 if TYPE_CHECKING:
@@ -148,17 +148,12 @@ def quantize(
             lambda: _output_error(prepared.model, tune_cfg, calib_dataloader)
         )
         auto = set(range_choice.auto_ops(groups["static"]))
-        if auto:  # decided on the plain model, like the latency decisions below
-            form = "qdq" if fmt == "auto" else fmt
-            groups["static"], ranges_chosen = range_choice.resolve(
-                groups["static"], lambda plan: build_plan(plan, frozenset(), form), output_error()
-            )
-            effective = effective.with_ops(
-                {key: groups["static"][key[0]] for key in tune_cfg.ops if key[0] in auto}
-            )
-
+        final_plan = groups["static"]
         if latency.enabled(tune_cfg.options):
-            # Decided on the plain model: the recipes change values, not the graph's shape.
+            # Decided on the plain model (the recipes change values, not the graph's
+            # shape), with minmax ranges where the plan says ``auto``: the ranges are
+            # chosen below, for the graph the decisions leave.
+            groups["static"] = range_choice.resolved(final_plan, "minmax")
             decision = _latency_decision(
                 prepared,
                 tune_cfg,
@@ -177,10 +172,30 @@ def quantize(
                 if key[0] in set(decision.dynamic_ops):
                     changed[key] = groups["dynamic"][key[0]] = dynamic_configs[key[0]]
             effective = effective.with_ops(changed)
-            for name in [*decision.fp32_ops, *decision.dynamic_ops]:
-                groups["static"].pop(name, None)
+            final_plan = {
+                name: cfg
+                for name, cfg in final_plan.items()
+                if name not in {*decision.fp32_ops, *decision.dynamic_ops}
+            }
         if fmt == "auto":
             fmt = "qdq"
+        if auto & set(final_plan):
+            # Chosen on the graph that ships (format, fp32 and dynamic ops decided): on
+            # Silero VAD the best algorithm for the QDQ graph is the worst for QOperator.
+            fp32_decided = frozenset(decision.fp32_ops) if decision is not None else frozenset()
+            dynamic_decided = (
+                frozenset(decision.dynamic_ops) if decision is not None else frozenset()
+            )
+            final_plan, ranges_chosen = range_choice.resolve(
+                final_plan,
+                lambda plan: build_plan(plan, fp32_decided, fmt, dynamic_decided),
+                output_error(),
+            )
+            resolved_here = auto & set(final_plan)
+            effective = effective.with_ops(
+                {key: final_plan[key[0]] for key in tune_cfg.ops if key[0] in resolved_here}
+            )
+        groups["static"] = dict(final_plan)
         chosen = recipes.requested(tune_cfg.options)
         if chosen and groups["static"]:  # only for the ops that stay int8
             base = recipes.apply(
@@ -272,8 +287,20 @@ def _latency_batch_size(options: Mapping[str, Any]) -> int | None:
 def _output_error(
     model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
 ) -> Callable[[onnx.ModelProto], float]:
-    """A model's output error against fp32 on a spread of calibration batches."""
-    feeds = ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size)
+    """A model's output error against fp32 on a spread of calibration batches, or, when
+    the calibration data was recorded from streams, on whole streams (see :mod:`streams`)."""
+    from .session import create_session
+
+    feeds = list(ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size))
+    session = create_session(model, latency.measuring_options(tune_cfg.options))
+    found = streams.find(lambda feed: session.run(None, dict(feed)), feeds)
+    if found is not None:
+        log.info(
+            "calibration data is %d stream(s), state %s: output error measured on streams",
+            len(found.chains),
+            ", ".join(found.links),
+        )
+        return latency.output_error(tune_cfg.options, feeds, model, found)
     return latency.output_error(
         tune_cfg.options, latency.spread(feeds, latency.ERROR_BATCHES), model
     )

@@ -1,0 +1,149 @@
+"""Recurrent models run as streams: find their state links in calibration data.
+
+A streaming model (Silero VAD, a streaming ASR encoder, any RNN exported with its state as
+an input and an output) is run chunk after chunk, each call fed the state the previous call
+returned. Quantized, it carries its *own* state forward, so its error compounds from chunk
+to chunk. Measured per calibration batch, each batch starting from the recorded fp32 state,
+that compounding is invisible, and a choice made on it can be the wrong one: on Silero VAD
+the kl ranges ranked last per chunk and first on held-out streams.
+
+Calibration data for such a model is recorded from a stream: feed k+1's state input holds
+what fp32 returned for feed k. That is how the links are found here, from the data and not
+from names: an input is a state input when, in consecutive feeds, it equals (bit for bit,
+up to float rounding) one float output of the previous feed. A feed whose state does not
+continue its predecessor (all zeros: a new stream) starts a new chain.
+
+:func:`find` returns the links and the chains; :func:`run_chains` runs a model over them
+feeding its own state back, which is what :func:`lpq_onnxrt.latency.output_error` measures
+for such models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Feed = Mapping[str, np.ndarray]
+Runner = Callable[[Feed], Sequence[np.ndarray]]
+
+#: Consecutive feeds looked at to find the links (the first ones of the calibration data).
+PROBE_FEEDS = 16
+#: An input is linked to an output when it continues it in at least this many feed pairs
+#: (and in at least half of the pairs where the input holds anything but zeros).
+MIN_MATCHES = 2
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Where the calibration feeds form streams.
+
+    ``links`` maps each state input to the index of the output that feeds it on the next
+    call; ``chains`` are runs of consecutive feed indices, each feed after a chain's first
+    continuing the state of the one before it."""
+
+    links: dict[str, int]
+    chains: list[list[int]]
+
+    def select(self, max_feeds: int) -> list[list[int]]:
+        """Whole chains, evenly spaced over all of them, at most ``max_feeds`` feeds in all
+        (when even one chain is longer, its first ``max_feeds`` feeds): errors compound
+        along a chain, so a chain is never thinned out, only taken or left."""
+        count = len(self.chains)
+        for wanted in range(count, 0, -1):
+            picked = [self.chains[int(i * count / wanted)] for i in range(wanted)]
+            if sum(len(chain) for chain in picked) <= max_feeds:
+                return picked
+        return [self.chains[0][:max_feeds]]
+
+
+def find(run: Runner, feeds: Sequence[Feed], probe: int = PROBE_FEEDS) -> Streams | None:
+    """The state links and chains of ``feeds`` (in the order given), or None when the feeds
+    are independent batches. ``run`` runs the fp32 model on one feed and returns all its
+    outputs. Only the first ``probe`` feeds are run to find the links; the chains over all
+    feeds are then read from the data's own zero/non-zero state (a stream's first call
+    starts from a state the previous call did not return)."""
+    head = list(feeds[:probe])
+    if len(head) < MIN_MATCHES + 1:
+        return None
+    candidates = [
+        name
+        for name, value in head[0].items()
+        if np.issubdtype(np.asarray(value).dtype, np.floating)
+    ]
+    if not candidates:
+        return None
+    outputs = [[np.asarray(value) for value in run(feed)] for feed in head]
+    links: dict[str, int] = {}
+    for name in candidates:
+        for index in range(len(outputs[0])):
+            matches = misses = 0
+            for k in range(len(head) - 1):
+                given = np.asarray(head[k + 1][name])
+                if not np.any(given):
+                    continue  # a stream starts here; nothing to continue
+                if _same(given, outputs[k][index]):
+                    matches += 1
+                else:
+                    misses += 1
+            if matches >= MIN_MATCHES and matches >= misses:
+                links[name] = index
+                break
+    if not links:
+        return None
+    return Streams(links, _chains(feeds, links, outputs))
+
+
+def _same(given: np.ndarray, returned: np.ndarray) -> bool:
+    return given.shape == returned.shape and bool(
+        np.allclose(given, returned, rtol=1e-5, atol=1e-6)
+    )
+
+
+def _chains(
+    feeds: Sequence[Feed], links: Mapping[str, int], probed: Sequence[Sequence[np.ndarray]]
+) -> list[list[int]]:
+    """Chains of feed indices. In the probed head a feed continues its predecessor when its
+    state equals the predecessor's output; beyond it (not run), when its state is non-zero
+    and shaped like the predecessor's (a new stream starts from zeros)."""
+    chains: list[list[int]] = []
+    for k, feed in enumerate(feeds):
+        if k == 0:
+            chains.append([0])
+            continue
+        states = [np.asarray(feed[name]) for name in links]
+        previous = feeds[k - 1]
+        if k < len(probed):
+            continues = all(
+                _same(state, probed[k - 1][index])
+                for state, index in zip(states, links.values(), strict=True)
+            )
+        else:
+            continues = all(
+                np.any(state) and state.shape == np.asarray(previous[name]).shape
+                for state, name in zip(states, links, strict=True)
+            )
+        if continues:
+            chains[-1].append(k)
+        else:
+            chains.append([k])
+    return chains
+
+
+def run_chains(
+    run: Runner, feeds: Sequence[Feed], streams: Streams, chains: Sequence[Sequence[int]]
+) -> list[list[np.ndarray]]:
+    """Outputs of a model over ``chains`` of ``feeds``, each call after a chain's first fed
+    the state outputs of the model's own previous call (not the recorded fp32 state)."""
+    results: list[list[np.ndarray]] = []
+    for chain in chains:
+        previous: list[np.ndarray] | None = None
+        for k in chain:
+            feed = dict(feeds[k])
+            if previous is not None:
+                for name, index in streams.links.items():
+                    feed[name] = previous[index]
+            previous = [np.asarray(value) for value in run(feed)]
+            results.append(previous)
+    return results
