@@ -23,6 +23,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -247,21 +248,44 @@ def _dynamic_alternatives(
 ) -> dict[str, OpConfig]:
     """The static ops latency-aware quantization may run dynamically instead (the capability
     offers them dynamic mode: a constant weight), each with the capability's first dynamic
-    config. Only MatMuls are tried for speed (ORT's ConvInteger has no fast kernel); a conv
-    only where int8 costs the model much fidelity (see :func:`latency.decide`)."""
+    config, but with per-tensor weights where they lose little against per-channel ones
+    (:data:`latency.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster). Only MatMuls are
+    tried for speed (ORT's ConvInteger has no fast kernel); a conv only where int8 costs
+    the model much fidelity (see :func:`latency.decide`)."""
+    from onnx import numpy_helper
+
     from .capability import build_capability
 
     wanted = [key for key in tune_cfg.ops if key[0] in static_ops]
     if not wanted:
         return {}
     capability = build_capability(model, tune_cfg.options)
+    weights = {init.name: init for init in model.graph.initializer}
+    nodes = {node.name: node for node in model.graph.node}
     found: dict[str, OpConfig] = {}
     for key in wanted:
         if key not in capability.opwise:
             continue
-        choice = next((c for c in capability.op_configs(key) if c.mode == "dynamic"), None)
-        if choice is not None:
-            found[key[0]] = choice
+        options = [c for c in capability.op_configs(key) if c.mode == "dynamic"]
+        if not options:
+            continue
+        choice = options[0]
+        per_tensor = (
+            replace(choice, weight=replace(choice.weight, granularity="per_tensor"))
+            if choice.weight is not None and choice.weight.granularity == "per_channel"
+            else None
+        )
+        node = nodes[key[0]]
+        if (
+            per_tensor in options
+            and node.op_type == "MatMul"
+            and len(node.input) > 1
+            and node.input[1] in weights
+        ):
+            weight = numpy_helper.to_array(weights[node.input[1]])
+            if latency.weight_error_ratio(weight) <= latency.PER_TENSOR_WEIGHT_RATIO:
+                choice = per_tensor
+        found[key[0]] = choice
     return found
 
 

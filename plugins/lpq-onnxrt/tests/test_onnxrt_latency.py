@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import lpq
 from lpq_onnxrt import latency, range_choice
@@ -318,3 +319,43 @@ def test_a_change_that_buys_no_speed_needs_a_real_fidelity_gain(digits_parts):
     assert decision.fp32_ops == [], "2% lower error at the same speed is noise"
     decision = _decide(digits_parts, tie, ("qdq",), error_with(0.5))
     assert set(decision.fp32_ops) == {n for n, t in digits_parts["ops"] if t != "Conv"}
+
+
+def test_weight_error_ratio_tells_outlier_columns_from_even_ones():
+    rng = np.random.default_rng(0)
+    even = rng.normal(0, 1, (256, 64))
+    assert 1.0 <= latency.weight_error_ratio(even) < latency.PER_TENSOR_WEIGHT_RATIO
+    outliers = even.copy()
+    outliers[:, :2] *= 30  # two output channels 30x larger, as in a transformer's FFN
+    assert latency.weight_error_ratio(outliers) > latency.PER_TENSOR_WEIGHT_RATIO
+
+
+def _weight_scale_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Per MatMulInteger, by its fp32 weight's name: the shape of that weight's scale, read
+    from the quantized graph (() for one scale per tensor, (N,) for one per channel)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    weights = [
+        node.input[1].removesuffix("_quantized")
+        for node in model.graph.node
+        if node.op_type == "MatMulInteger"
+    ]
+    return {weight: inits[f"{weight}_scale"].shape for weight in weights}
+
+
+def test_dynamic_matmuls_take_per_tensor_weights_unless_channels_are_uneven(
+    pm, mlp_model, calib_loader, monkeypatch
+):
+    model = onnx.ModelProto()
+    model.CopyFrom(mlp_model)
+    w2 = next(i for i in model.graph.initializer if i.name == "w2")
+    uneven = numpy_helper.to_array(w2).copy()
+    uneven[:, 0] *= 40  # one logit's column dominates a per-tensor scale
+    w2.CopyFrom(numpy_helper.from_array(uneven, "w2"))
+    _scripted_error(monkeypatch, dynamic_cut=0.7)
+    qmodel, _ = _quantize_mlp(
+        pm, model, calib_loader, monkeypatch, {"fp32": 3.0, "static": 1.0, "dynamic": 1.05}
+    )
+    assert sorted(qmodel.latency["dynamic_ops"]) == ["mm1", "mm2"]
+    granularity = {name: cfg.weight.granularity for (name, _), cfg in qmodel.tune_cfg.ops.items()}
+    assert granularity == {"mm1": "per_tensor", "mm2": "per_channel"}
+    assert _weight_scale_shapes(qmodel.proto) == {"w1": (), "w2": (10,)}
