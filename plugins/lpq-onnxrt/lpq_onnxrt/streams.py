@@ -10,8 +10,8 @@ the kl ranges ranked last per chunk and first on held-out streams.
 Calibration data for such a model is recorded from a stream: feed k+1's state input holds
 what fp32 returned for feed k. That is how the links are found here, from the data and not
 from names: an input is a state input when, in consecutive feeds, it equals (bit for bit,
-up to float rounding) one float output of the previous feed. A feed whose state does not
-continue its predecessor (all zeros: a new stream) starts a new chain.
+up to float rounding) one float output of the previous feed. A feed whose state is not
+what the previous feed returned (all zeros: a new stream) starts a new chain.
 
 :func:`find` returns the links and the chains; :func:`run_chains` runs a model over them
 feeding its own state back, which is what :func:`lpq_onnxrt.latency.output_error` measures
@@ -61,9 +61,8 @@ class Streams:
 def find(run: Runner, feeds: Sequence[Feed], probe: int = PROBE_FEEDS) -> Streams | None:
     """The state links and chains of ``feeds`` (in the order given), or None when the feeds
     are independent batches. ``run`` runs the fp32 model on one feed and returns all its
-    outputs. Only the first ``probe`` feeds are run to find the links; the chains over all
-    feeds are then read from the data's own zero/non-zero state (a stream's first call
-    starts from a state the previous call did not return)."""
+    outputs. The first ``probe`` feeds are run to find the links; only when there are
+    some are the others run, to tell exactly where each stream continues."""
     head = list(feeds[:probe])
     if len(head) < MIN_MATCHES + 1:
         return None
@@ -92,43 +91,23 @@ def find(run: Runner, feeds: Sequence[Feed], probe: int = PROBE_FEEDS) -> Stream
                 break
     if not links:
         return None
-    return Streams(links, _chains(feeds, links, outputs))
+    outputs += [[np.asarray(value) for value in run(feed)] for feed in feeds[len(head) :]]
+    chains: list[list[int]] = []
+    for k, feed in enumerate(feeds):
+        continues = k > 0 and all(
+            _same(np.asarray(feed[name]), outputs[k - 1][index]) for name, index in links.items()
+        )
+        if continues:
+            chains[-1].append(k)
+        else:
+            chains.append([k])
+    return Streams(links, chains)
 
 
 def _same(given: np.ndarray, returned: np.ndarray) -> bool:
     return given.shape == returned.shape and bool(
         np.allclose(given, returned, rtol=1e-5, atol=1e-6)
     )
-
-
-def _chains(
-    feeds: Sequence[Feed], links: Mapping[str, int], probed: Sequence[Sequence[np.ndarray]]
-) -> list[list[int]]:
-    """Chains of feed indices. In the probed head a feed continues its predecessor when its
-    state equals the predecessor's output; beyond it (not run), when its state is non-zero
-    and shaped like the predecessor's (a new stream starts from zeros)."""
-    chains: list[list[int]] = []
-    for k, feed in enumerate(feeds):
-        if k == 0:
-            chains.append([0])
-            continue
-        states = [np.asarray(feed[name]) for name in links]
-        previous = feeds[k - 1]
-        if k < len(probed):
-            continues = all(
-                _same(state, probed[k - 1][index])
-                for state, index in zip(states, links.values(), strict=True)
-            )
-        else:
-            continues = all(
-                np.any(state) and state.shape == np.asarray(previous[name]).shape
-                for state, name in zip(states, links, strict=True)
-            )
-        if continues:
-            chains[-1].append(k)
-        else:
-            chains.append([k])
-    return chains
 
 
 def run_chains(

@@ -132,3 +132,16 @@ def test_silero_vad_quantized_end_to_end(silero):
     speech = np.concatenate([_stream(fp32, _speech_like(24, s))[0] for s in (8, 9)])
     assert speech.max() > 0.9 and speech.min() < 0.5, "held-out audio has speech and pauses"
     assert fidelity((8, 9), mixed) > 0.9
+
+
+def test_silero_vad_calibration_streams_are_found(silero):
+    """Feeds recorded chunk by chunk (each with the state fp32 returned for the chunk
+    before) are read as streams: "state" continues output 1 ("stateN"), one chain each."""
+    from lpq_onnxrt import streams
+
+    fp32 = ort.InferenceSession(str(silero), providers=["CPUExecutionProvider"])
+    calib = [f for seed in (1, 2) for f in _stream(fp32, _speech_like(24, seed))[1]]
+    found = streams.find(lambda feed: fp32.run(None, dict(feed)), calib)
+    assert found is not None
+    assert found.links == {"state": 1}
+    assert found.chains == [list(range(24)), list(range(24, 48))]
