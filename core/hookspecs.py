@@ -254,6 +254,23 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 
 
 @hookspec(firstresult=True)
+def lpq_resolved_config(framework: str, model: Any) -> TuneConfig | None:
+    """Say which tune_cfg this model really is, when the adaptor resolved a choice the
+    tune_cfg left to it (lpq-onnxrt's ``auto`` range algorithm, resolved to ``mse``).
+
+    :param model: a model returned by ``lpq_quantize``.
+    :return: a tune_cfg that, passed to ``lpq_quantize`` again, gives this same model
+        (every choice spelled out); ``None`` if not yours, or if nothing was resolved.
+
+    Called after every trial's quantization. lpq answers a later proposal of that
+    tune_cfg from this trial instead of spending a trial on it again: the tuner's
+    calibration stage proposes each algorithm by name, and one of them is what ``auto``
+    already chose. Optional. Return ``None`` when quantizing the resolved config again
+    could give another model (for example, when it would measure latencies anew).
+    """
+
+
+@hookspec(firstresult=True)
 def lpq_set_tensor(framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
     """Write ``value`` (a numpy array) into the named weight or bias tensor of ``model``.
 

@@ -75,8 +75,7 @@ CASES = [
         edit("minmax, kl", "minmax, magic"),
         18,
         "$[0].capabilities.int8.static.Conv.activation.algorithm[1]",
-        "algorithm 'magic' is not declared in this block's 'algorithms' (minmax, kl, "
-        "percentile)",
+        "algorithm 'magic' is not declared in this block's 'algorithms' (minmax, kl, percentile)",
     ),
     (
         "malformed-algorithm-name",

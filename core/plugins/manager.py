@@ -382,6 +382,13 @@ class PluginManager:
         result = self._pm.hook.lpq_quantized_ops(framework=framework, model=model)
         return dict(result) if result is not None else None
 
+    def resolved_config(self, framework: str, model: Any) -> TuneConfig | None:
+        """The tune_cfg a quantized model really is, when the adaptor resolved choices the
+        requested one left open; None when it did not say (an optional hook)."""
+        self.adaptor(framework)
+        result = self._pm.hook.lpq_resolved_config(framework=framework, model=model)
+        return result if isinstance(result, TuneConfig) else None
+
     def implements(self, hook_name: str) -> bool:
         """Whether any loaded plugin implements ``hook_name`` (for optional hooks)."""
         self.load()

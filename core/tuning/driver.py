@@ -265,6 +265,8 @@ class TuningDriver(TuningContext):
             record.meets_goal = self._meets(record)
             self.history.add(record)
         self.by_fingerprint[record.fingerprint] = record
+        if record.resolved_fingerprint:  # what an adaptor-resolved choice really ran
+            self.by_fingerprint.setdefault(record.resolved_fingerprint, record)
         if self.on_trial is not None:
             self.on_trial(record)
 

@@ -17,6 +17,9 @@ class TrialRecord:
     it does not depend on which worker finishes first. ``quantized_ops`` and
     ``fallback_ops`` are read from the converted model when the adaptor can say
     (``counts_from == "model"``), else from the tune_cfg (``"plan"``).
+    ``resolved_fingerprint``: the fingerprint of the tune_cfg the model really is, when the
+    adaptor resolved choices the requested one left open (``lpq_resolved_config``); a
+    later proposal of it is answered from this trial.
     """
 
     index: int
@@ -36,6 +39,7 @@ class TrialRecord:
     fallback_ops: int = 0
     counts_from: str = "plan"
     op_precisions: dict[str, str] | None = None
+    resolved_fingerprint: str = ""
     resumed: bool = False
     attempts: int = 1
     worker: str = ""

@@ -235,6 +235,16 @@ def op_counts(
     return quantized, len(precisions) - quantized, "model", precisions
 
 
+def resolved_fingerprint(framework: str, model: Any, cfg: TuneConfig) -> str:
+    """The fingerprint of the tune_cfg ``model`` really is, when the adaptor says it
+    resolved choices ``cfg`` left open (``lpq_resolved_config``); "" otherwise."""
+    resolved = get_plugin_manager().resolved_config(framework, model)
+    if resolved is None:
+        return ""
+    fingerprint = resolved.fingerprint()
+    return fingerprint if fingerprint != cfg.fingerprint() else ""
+
+
 class TrialRunner:
     """Runs trials against one fp32 model with fixed data and evaluation: a run's job.
 
@@ -322,6 +332,7 @@ class TrialRunner:
                     record.counts_from,
                     record.op_precisions,
                 ) = op_counts(self.framework, model, cfg)
+                record.resolved_fingerprint = resolved_fingerprint(self.framework, model, cfg)
                 record.accuracy, record.footprint_bytes = self.evaluation.accuracy(model)
                 if self.measure_size:
                     record.size_bytes = model_size(self.framework, model)

@@ -217,6 +217,20 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 
 
 @lpq.hookimpl
+def lpq_resolved_config(framework: str, model: Any) -> lpq.TuneConfig | None:
+    """The tune_cfg with ``auto`` range algorithms spelled out: quantized again, it gives
+    the same model. None after latency-aware decisions (quantizing again would measure
+    anew) and when nothing was resolved."""
+    if framework != FRAMEWORK:
+        return None
+    from .qmodel import QuantizedModel
+
+    if not isinstance(model, QuantizedModel) or model.range_choice is None:
+        return None
+    return model.tune_cfg if model.latency is None else None
+
+
+@lpq.hookimpl
 def lpq_set_tensor(framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
     if framework != FRAMEWORK:
         return None

@@ -111,3 +111,25 @@ def test_auto_clips_a_range_that_minmax_stretches(pm):
     assert choice["algorithm"] != "minmax"
     assert choice["errors"][choice["algorithm"]] < 0.5 * choice["errors"]["minmax"]
     assert result.ranges["x"][1] < 10.0  # read from the quantized model's ranges
+
+
+def test_the_resolved_config_quantizes_to_the_same_model(pm, lpq_sample_model, calib_loader):
+    """``lpq_resolved_config`` spells out what ``auto`` chose; quantized again, that config
+    gives the same model, so the tuner may answer a proposal of it from this trial."""
+    cfg = _default_cfg(pm, lpq_sample_model, calib_loader)
+    result = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    resolved = pm.resolved_config(FW, result)
+    assert resolved is not None and resolved.fingerprint() != cfg.fingerprint()
+    assert _algorithms(resolved) == {result.range_choice["algorithm"]}
+    again = pm.quantize(FW, lpq_sample_model, resolved, calib_loader)
+    assert again.range_choice is None  # nothing left to resolve
+    assert again.proto.SerializeToString() == result.proto.SerializeToString()
+
+
+def test_no_resolved_config_after_latency_decisions(pm, lpq_sample_model, calib_loader):
+    cfg = _default_cfg(pm, lpq_sample_model, calib_loader).with_options(
+        {"latency_aware": True, "latency_budget_s": 0.05}
+    )
+    result = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
+    assert result.latency is not None and result.range_choice is not None
+    assert pm.resolved_config(FW, result) is None
