@@ -67,6 +67,14 @@ class LatencyMeasurer:
     def median_ms(self) -> float | None:
         return statistics.median(self.samples) * 1e3 if self.samples else None
 
+    def quantile_ms(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1) of the timed batches, in ms (0.2: what the model
+        takes when other jobs on the machine leave it alone)."""
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
+
 
 @dataclass
 class EvalResult:

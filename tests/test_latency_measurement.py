@@ -1,0 +1,96 @@
+"""How a trial's latency is measured: enough runs for the model's size, a low quantile."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import lpq
+from lpq.eval.evaluation import LatencyMeasurer
+from lpq.plugins.types import AdaptorInfo
+from lpq.tuning.runner import Evaluation, _Cycle
+
+
+def test_quantile_of_the_timed_batches():
+    measurer = LatencyMeasurer(warmup=0)
+    measurer.samples = [0.005, 0.001, 0.002, 0.010, 0.003]
+    assert measurer.quantile_ms(0.2) == pytest.approx(2.0)
+    assert measurer.quantile_ms(0.0) == pytest.approx(1.0)
+    assert measurer.quantile_ms(1.0) == pytest.approx(10.0)
+    assert LatencyMeasurer().quantile_ms(0.2) is None
+
+
+def test_cycle_runs_the_minimum_then_while_asked_up_to_the_maximum():
+    data = [1, 2, 3]
+    assert list(_Cycle(data, 5)) == [1, 2, 3, 1, 2]
+    asked = iter([True, True, False])
+    assert len(list(_Cycle(data, 2, 100, lambda: next(asked)))) == 4
+    assert len(list(_Cycle(data, 2, 7, lambda: True))) == 7
+    assert list(_Cycle([], 5, 10, lambda: True)) == []  # an empty loader ends, not loops
+
+
+class _ScriptedTimes:
+    """An adaptor whose batches take scripted times: ``slow`` every fifth batch (another
+    job on the machine), ``fast`` otherwise. Counts the batches it was given."""
+
+    def __init__(self, fast: float, slow: float) -> None:
+        self.fast, self.slow, self.batches = fast, slow, 0
+
+    @lpq.hookimpl
+    def lpq_register_adaptors(self, register):
+        register(AdaptorInfo("scripted", "numpy", [], "scripted batch times"))
+
+    @lpq.hookimpl
+    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
+        if framework != "scripted":
+            return None
+        for _ in dataloader:
+            self.batches += 1
+            elapsed = self.slow if self.batches % 5 == 0 else self.fast
+            with _clock(measurer, elapsed):
+                pass
+        return lpq.EvalResult({}, batches=self.batches)
+
+
+@contextmanager
+def _clock(measurer: LatencyMeasurer, elapsed: float) -> Iterator[None]:
+    """Time a batch as ``elapsed`` seconds (what ``measurer.measure()`` would record)."""
+    yield
+    measurer._seen += 1
+    if measurer._seen > measurer.warmup:
+        measurer.samples.append(elapsed)
+
+
+@pytest.fixture
+def scripted(lpq_plugin: Any) -> Any:
+    def make(fast: float, slow: float) -> _ScriptedTimes:
+        plugin = _ScriptedTimes(fast, slow)
+        lpq_plugin(plugin, name="scripted")
+        return plugin
+
+    return make
+
+
+def _evaluation() -> Evaluation:
+    return Evaluation("scripted", latency_dataloader=[np.zeros((1, 4), np.float32)])
+
+
+def test_a_fast_model_is_timed_until_the_budget_and_reads_its_own_speed(scripted):
+    plugin = scripted(fast=0.0001, slow=0.001)
+    evaluation = _evaluation()
+    latency = evaluation.latency(object())
+    # 0.1 ms batches: the 0.25 s budget is never reached, the 200-run cap ends it.
+    assert plugin.batches == evaluation.latency_warmup + evaluation.latency_max_repeats
+    # One batch in five was slowed by another job: the latency is the model's own.
+    assert latency == pytest.approx(0.1)
+
+
+def test_a_slow_model_is_timed_the_minimum_number_of_runs(scripted):
+    plugin = scripted(fast=0.2, slow=0.3)
+    evaluation = _evaluation()
+    assert evaluation.latency(object()) == pytest.approx(200.0)
+    assert plugin.batches == evaluation.latency_warmup + evaluation.latency_repeats
