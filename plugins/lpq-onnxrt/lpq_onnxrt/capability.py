@@ -89,7 +89,20 @@ def build_capability(
             capability.opwise[key] = caps
         else:
             del capability.opwise[key]
+    if not any(
+        op_type in _WEIGHTED_MATMULS and graph.weight_is_constant(model, by_name[name])
+        for name, op_type in capability.opwise
+    ):
+        # Nothing for them to act on: searching them would spend trials on copies.
+        for name in _MATMUL_RECIPES:
+            capability.recipes.pop(name, None)
     return capability
+
+
+#: Op types the MatMul recipes act on, and those recipes (SmoothQuant moves activation
+#: outliers into a MatMul's constant weight; dynamic_weights picks its weights' scales).
+_WEIGHTED_MATMULS = ("MatMul", "Gemm")
+_MATMUL_RECIPES = ("smoothquant", "dynamic_weights")
 
 
 def _is_2d_weight(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:

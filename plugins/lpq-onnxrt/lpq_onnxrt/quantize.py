@@ -249,7 +249,8 @@ def _dynamic_alternatives(
     """The static ops latency-aware quantization may run dynamically instead (the capability
     offers them dynamic mode: a constant weight), each with the capability's first dynamic
     config, but with per-tensor weights where they lose little against per-channel ones
-    (:data:`latency.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster). Only MatMuls are
+    (:data:`latency.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster) unless the
+    ``dynamic_weights`` option says ``per_channel``. Only MatMuls are
     tried for speed (ORT's ConvInteger has no fast kernel); a conv only where int8 costs
     the model much fidelity (see :func:`latency.decide`)."""
     from onnx import numpy_helper
@@ -259,6 +260,7 @@ def _dynamic_alternatives(
     wanted = [key for key in tune_cfg.ops if key[0] in static_ops]
     if not wanted:
         return {}
+    per_tensor_where_even = _dynamic_weights(tune_cfg.options) == "auto"
     capability = build_capability(model, tune_cfg.options)
     weights = {init.name: init for init in model.graph.initializer}
     nodes = {node.name: node for node in model.graph.node}
@@ -277,7 +279,8 @@ def _dynamic_alternatives(
         )
         node = nodes[key[0]]
         if (
-            per_tensor in options
+            per_tensor_where_even
+            and per_tensor in options
             and node.op_type == "MatMul"
             and len(node.input) > 1
             and node.input[1] in weights
@@ -287,6 +290,19 @@ def _dynamic_alternatives(
                 choice = per_tensor
         found[key[0]] = choice
     return found
+
+
+def _dynamic_weights(options: Mapping[str, Any]) -> str:
+    """The ``dynamic_weights`` option: ``auto`` (default; per tensor where even) or
+    ``per_channel`` (the capability's first dynamic config for every MatMul)."""
+    value = str(options.get("dynamic_weights", "auto")).lower()
+    if value not in ("auto", "per_channel"):
+        raise ConfigError(
+            f"dynamic_weights must be auto or per_channel, not {value!r}",
+            hint="auto: per-tensor weights where that loses little (faster); "
+            "per_channel: per-channel weights for every dynamic MatMul (more faithful)",
+        )
+    return value
 
 
 def _latency_batch_size(options: Mapping[str, Any]) -> int | None:

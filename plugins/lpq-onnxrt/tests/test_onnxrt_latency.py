@@ -359,3 +359,52 @@ def test_dynamic_matmuls_take_per_tensor_weights_unless_channels_are_uneven(
     granularity = {name: cfg.weight.granularity for (name, _), cfg in qmodel.tune_cfg.ops.items()}
     assert granularity == {"mm1": "per_tensor", "mm2": "per_channel"}
     assert _weight_scale_shapes(qmodel.proto) == {"w1": (), "w2": (10,)}
+
+
+def test_dynamic_weights_per_channel_keeps_every_matmul_per_channel(
+    pm, mlp_model, calib_loader, monkeypatch
+):
+    """The ``dynamic_weights`` recipe's other value: what a tuner picks when the per-tensor
+    mix misses an accuracy goal by a hair."""
+    _scripted_error(monkeypatch, dynamic_cut=0.7)
+    qmodel, _ = _quantize_mlp(
+        pm,
+        mlp_model,
+        calib_loader,
+        monkeypatch,
+        {"fp32": 3.0, "static": 1.0, "dynamic": 1.05},
+        dynamic_weights="per_channel",
+    )
+    assert sorted(qmodel.latency["dynamic_ops"]) == ["mm1", "mm2"]
+    assert {cfg.weight.granularity for cfg in qmodel.tune_cfg.ops.values()} == {"per_channel"}
+    assert _weight_scale_shapes(qmodel.proto) == {"w1": (128,), "w2": (10,)}
+    with pytest.raises(lpq.ConfigError, match="dynamic_weights"):
+        _quantize_mlp(
+            pm,
+            mlp_model,
+            calib_loader,
+            monkeypatch,
+            {"fp32": 3.0, "static": 1.0, "dynamic": 1.05},
+            dynamic_weights="sometimes",
+        )
+
+
+def test_matmul_recipes_are_offered_only_to_models_with_weighted_matmuls(pm, mlp_model):
+    from onnx import TensorProto, helper
+
+    with_matmuls = pm.query_capability(FW, mlp_model, None, {}).recipes
+    assert {"smoothquant", "dynamic_weights"} <= set(with_matmuls)
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    convs = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")],
+            "convs",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+            [w],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    only_convs = pm.query_capability(FW, convs, None, {}).recipes
+    assert "cross_layer_equalization" in only_convs
+    assert not {"smoothquant", "dynamic_weights"} & set(only_convs)
