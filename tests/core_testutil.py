@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,3 +155,19 @@ VALID = """\
             algorithm: [minmax, kl]
   algorithms: [minmax, kl, percentile]
 """
+
+
+def fit_fake(model: Any, conf: Any, tmp_path: Path) -> Any:
+    """``lpq.fit`` of a fake adaptor's model: one calibration batch, and 1000 labelled
+    evaluation samples (the fake's accuracy is scored on them)."""
+    import numpy as np
+
+    import lpq
+
+    return lpq.fit(
+        model,
+        conf,
+        [np.zeros((4, 1), np.float32)],
+        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
+        workspace=tmp_path / "ws",
+    )

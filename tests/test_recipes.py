@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from core_testutil import fit_fake
 
 import lpq
 from lpq.plan.tuning_space import build_tuning_space
@@ -63,13 +64,7 @@ def test_a_recipe_set_by_the_user_or_a_profile_is_not_searched(tmp_path):
 
 def tune(model: FakeModel, conf: lpq.PostTrainingQuantConfig, tmp_path: Path):
     """``lpq.fit`` on the fake adaptor, labelled data of 1000 samples."""
-    return lpq.fit(
-        model,
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
-    )
+    return fit_fake(model, conf, tmp_path)
 
 
 def one_harmful_op(op_type: str, count: int, each: float) -> FakeModel:

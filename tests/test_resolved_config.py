@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from core_testutil import fit_fake
 
 import lpq
 from lpq.testing.fake_adaptor import (
@@ -63,13 +63,7 @@ def _fit(plugin: ResolvesAuto, lpq_plugin: Any, tmp_path: Path) -> lpq.TuningRes
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=6, objective="modelsize"),
     )
-    return lpq.fit(
-        model,
-        conf,
-        [np.zeros((4, 1), np.float32)],
-        eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
-        workspace=tmp_path / "ws",
-    )
+    return fit_fake(model, conf, tmp_path)
 
 
 def test_a_proposal_of_what_auto_resolved_to_is_not_run_again(lpq_plugin, tmp_path):

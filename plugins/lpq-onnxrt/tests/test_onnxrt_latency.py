@@ -367,26 +367,19 @@ def test_dynamic_weights_per_channel_keeps_every_matmul_per_channel(
     """The ``dynamic_weights`` recipe's other value: what a tuner picks when the per-tensor
     mix misses an accuracy goal by a hair."""
     _scripted_error(monkeypatch, dynamic_cut=0.7)
-    qmodel, _ = _quantize_mlp(
-        pm,
-        mlp_model,
-        calib_loader,
-        monkeypatch,
-        {"fp32": 3.0, "static": 1.0, "dynamic": 1.05},
-        dynamic_weights="per_channel",
-    )
+    seconds = {"fp32": 3.0, "static": 1.0, "dynamic": 1.05}
+
+    def quantize(weights: str) -> Any:
+        return _quantize_mlp(
+            pm, mlp_model, calib_loader, monkeypatch, seconds, dynamic_weights=weights
+        )[0]
+
+    qmodel = quantize("per_channel")
     assert sorted(qmodel.latency["dynamic_ops"]) == ["mm1", "mm2"]
     assert {cfg.weight.granularity for cfg in qmodel.tune_cfg.ops.values()} == {"per_channel"}
     assert _weight_scale_shapes(qmodel.proto) == {"w1": (128,), "w2": (10,)}
     with pytest.raises(lpq.ConfigError, match="dynamic_weights"):
-        _quantize_mlp(
-            pm,
-            mlp_model,
-            calib_loader,
-            monkeypatch,
-            {"fp32": 3.0, "static": 1.0, "dynamic": 1.05},
-            dynamic_weights="sometimes",
-        )
+        quantize("sometimes")
 
 
 def test_matmul_recipes_are_offered_only_to_models_with_weighted_matmuls(pm, mlp_model):
