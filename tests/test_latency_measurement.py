@@ -134,3 +134,42 @@ def test_trial_latency_is_compared_at_the_baselines_moment(lpq_plugin, tmp_path)
     assert truth == pytest.approx(3.0)
     assert first.latency_ms == pytest.approx(truth)
     assert first.meets_goal and result.best.index == 0
+
+
+class _FastOnlyOnce(FakeAdaptorPlugin):
+    """Int8 models read fast the first time they are timed (a lucky trial timing) and
+    three times slower than fp32 every time after (the final side-by-side timing)."""
+
+    def __init__(self, folder: Any) -> None:
+        super().__init__(folder)
+        self.timed_int8 = 0
+
+    @lpq.hookimpl
+    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
+        result = super().lpq_evaluate(
+            framework, model, dataloader, postprocess, metrics, None, iteration
+        )
+        if result is None or measurer is None:
+            return result
+        if isinstance(model, FakeQuantizedModel):
+            self.timed_int8 += 1
+            ms = model.latency_ms() if self.timed_int8 == 1 else 3 * model.source.base_latency_ms
+        else:
+            ms = model.base_latency_ms
+        measurer.samples.append(ms / 1e3)
+        return result
+
+
+def test_goal_not_met_when_the_chosen_model_is_slower_side_by_side(lpq_plugin, tmp_path):
+    lpq_plugin(_FastOnlyOnce(tmp_path), name="fake")
+    ops = [(f"op{i}", "Conv") for i in range(4)]
+    model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)})
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=1),
+    )
+    result = fit_fake(model, conf, tmp_path)
+    assert result.trials[0].meets_goal  # what the trial's own timing said
+    assert result.best.latency_ms == pytest.approx(3 * result.baseline.latency_ms)
+    assert not result.goal_met
+    assert "slower than fp32 side by side" in result.stop_reason
