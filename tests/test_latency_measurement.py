@@ -98,34 +98,48 @@ def test_a_slow_model_is_timed_the_minimum_number_of_runs(scripted):
     assert plugin.batches == evaluation.latency_warmup + evaluation.latency_repeats
 
 
-class _Drifting(FakeAdaptorPlugin):
-    """The machine slows down as the run goes on: every model runs ``1 + 3 * n`` times
-    slower after the n-th quantization (other jobs arriving on a shared machine)."""
+class _ScriptedLatency(FakeAdaptorPlugin):
+    """The fake adaptor, each timed batch taking what :meth:`timed_ms` says."""
+
+    def timed_ms(self, model: Any) -> float:
+        raise NotImplementedError
 
     @lpq.hookimpl
     def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
         result = super().lpq_evaluate(
             framework, model, dataloader, postprocess, metrics, None, iteration
         )
-        if result is None or measurer is None:
-            return result
-        true_ms = (
-            model.latency_ms() if isinstance(model, FakeQuantizedModel) else (model.base_latency_ms)
-        )
-        measurer.samples.append(true_ms * (1 + 3 * self.calls.get("quantize", 0)) / 1e3)
+        if result is not None and measurer is not None:
+            measurer.samples.append(self.timed_ms(model) / 1e3)
         return result
 
 
-def test_trial_latency_is_compared_at_the_baselines_moment(lpq_plugin, tmp_path):
-    plugin = _Drifting(tmp_path)
-    lpq_plugin(plugin, name="fake")
+def _true_ms(model: Any) -> float:
+    return model.latency_ms() if isinstance(model, FakeQuantizedModel) else model.base_latency_ms
+
+
+def _fit_four_convs(tmp_path: Any, max_trials: int) -> tuple[FakeModel, lpq.TuningResult]:
+    """Tune four harmless convs (all int8 meets a 1% goal: 3 ms against fp32's 10 ms)."""
     ops = [(f"op{i}", "Conv") for i in range(4)]
     model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)})
     conf = lpq.PostTrainingQuantConfig(
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=3),
+        tuning_criterion=lpq.TuningCriterion(max_trials=max_trials),
     )
-    result = fit_fake(model, conf, tmp_path)
+    return model, fit_fake(model, conf, tmp_path)
+
+
+class _Drifting(_ScriptedLatency):
+    """The machine slows down as the run goes on: every model runs ``1 + 3 * n`` times
+    slower after the n-th quantization (other jobs arriving on a shared machine)."""
+
+    def timed_ms(self, model: Any) -> float:
+        return _true_ms(model) * (1 + 3 * self.calls.get("quantize", 0))
+
+
+def test_trial_latency_is_compared_at_the_baselines_moment(lpq_plugin, tmp_path):
+    lpq_plugin(_Drifting(tmp_path), name="fake")
+    model, result = _fit_four_convs(tmp_path, max_trials=3)
     first = result.trials[0]
     # Timed after one quantization, everything runs 4x slower: the int8 model's raw time
     # (3 ms x 4 = 12 ms) is above the baseline's 10 ms, but fp32 timed right after it
@@ -136,7 +150,7 @@ def test_trial_latency_is_compared_at_the_baselines_moment(lpq_plugin, tmp_path)
     assert first.meets_goal and result.best.index == 0
 
 
-class _FastOnlyOnce(FakeAdaptorPlugin):
+class _FastOnlyOnce(_ScriptedLatency):
     """Int8 models read fast the first time they are timed (a lucky trial timing) and
     three times slower than fp32 every time after (the final side-by-side timing)."""
 
@@ -144,31 +158,16 @@ class _FastOnlyOnce(FakeAdaptorPlugin):
         super().__init__(folder)
         self.timed_int8 = 0
 
-    @lpq.hookimpl
-    def lpq_evaluate(self, framework, model, dataloader, postprocess, metrics, measurer, iteration):
-        result = super().lpq_evaluate(
-            framework, model, dataloader, postprocess, metrics, None, iteration
-        )
-        if result is None or measurer is None:
-            return result
-        if isinstance(model, FakeQuantizedModel):
-            self.timed_int8 += 1
-            ms = model.latency_ms() if self.timed_int8 == 1 else 3 * model.source.base_latency_ms
-        else:
-            ms = model.base_latency_ms
-        measurer.samples.append(ms / 1e3)
-        return result
+    def timed_ms(self, model: Any) -> float:
+        if not isinstance(model, FakeQuantizedModel):
+            return _true_ms(model)
+        self.timed_int8 += 1
+        return _true_ms(model) if self.timed_int8 == 1 else 3 * model.source.base_latency_ms
 
 
 def test_goal_not_met_when_the_chosen_model_is_slower_side_by_side(lpq_plugin, tmp_path):
     lpq_plugin(_FastOnlyOnce(tmp_path), name="fake")
-    ops = [(f"op{i}", "Conv") for i in range(4)]
-    model = FakeModel(ops=ops, sensitivity={f"op{i}": 0.0002 for i in range(4)})
-    conf = lpq.PostTrainingQuantConfig(
-        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
-        tuning_criterion=lpq.TuningCriterion(max_trials=1),
-    )
-    result = fit_fake(model, conf, tmp_path)
+    _, result = _fit_four_convs(tmp_path, max_trials=1)
     assert result.trials[0].meets_goal  # what the trial's own timing said
     assert result.best.latency_ms == pytest.approx(3 * result.baseline.latency_ms)
     assert not result.goal_met
