@@ -300,12 +300,14 @@ def output_error(
 
     options = measuring_options(options)
     reference: list[np.ndarray] = []
-    chains = found.select(STREAM_FEEDS) if found is not None else [list(range(len(feeds)))]
-    if found is None:
+    if found is None:  # every feed on its own
+        links: Mapping[str, int] = {}
+        chains = [[k] for k in range(len(feeds))]
         compared = None
     else:
+        links, chains = found.links, found.select(STREAM_FEEDS)
         # The state outputs' errors already show in the outputs they feed.
-        compared = set(range(len(fp32_model.graph.output))) - set(found.links.values()) or None
+        compared = set(range(len(fp32_model.graph.output))) - set(links.values()) or None
 
     def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
         """Per float output, its values over all feeds (flattened, concatenated)."""
@@ -314,12 +316,8 @@ def output_error(
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             return list(session.run(None, dict(feed)))
 
-        if found is None:
-            results = [run(feed) for feed in feeds]
-        else:
-            results = run_chains(run, feeds, found, chains)
         per_output: dict[int, list[np.ndarray]] = {}
-        for values in results:
+        for values in run_chains(run, feeds, links, chains):
             for index, value in enumerate(values):
                 array = np.asarray(value)
                 if compared is not None and index not in compared:

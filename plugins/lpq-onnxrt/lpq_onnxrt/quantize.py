@@ -150,6 +150,8 @@ def quantize(
         )
         auto = set(range_choice.auto_ops(groups["static"]))
         final_plan = groups["static"]
+        fp32_decided: frozenset[str] = frozenset()
+        dynamic_decided: frozenset[str] = frozenset()
         if latency.enabled(tune_cfg.options):
             # Decided on the plain model (the recipes change values, not the graph's
             # shape), with minmax ranges where the plan says ``auto``: the ranges are
@@ -166,35 +168,30 @@ def quantize(
                 output_error(),
             )
             fmt = decision.quant_format
+            fp32_decided = frozenset(decision.fp32_ops)
+            dynamic_decided = frozenset(decision.dynamic_ops)
             changed: dict[tuple[str, str], OpConfig] = {
-                key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in set(decision.fp32_ops)
+                key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in fp32_decided
             }
             for key in tune_cfg.ops:
-                if key[0] in set(decision.dynamic_ops):
+                if key[0] in dynamic_decided:
                     changed[key] = groups["dynamic"][key[0]] = dynamic_configs[key[0]]
             effective = effective.with_ops(changed)
-            final_plan = {
-                name: cfg
-                for name, cfg in final_plan.items()
-                if name not in {*decision.fp32_ops, *decision.dynamic_ops}
-            }
+            decided = fp32_decided | dynamic_decided
+            final_plan = {name: cfg for name, cfg in final_plan.items() if name not in decided}
         if fmt == "auto":
             fmt = "qdq"
-        if auto & set(final_plan):
+        resolving = auto & set(final_plan)
+        if resolving:
             # Chosen on the graph that ships (format, fp32 and dynamic ops decided): on
             # Silero VAD the best algorithm for the QDQ graph is the worst for QOperator.
-            fp32_decided = frozenset(decision.fp32_ops) if decision is not None else frozenset()
-            dynamic_decided = (
-                frozenset(decision.dynamic_ops) if decision is not None else frozenset()
-            )
             final_plan, ranges_chosen = range_choice.resolve(
                 final_plan,
                 lambda plan: build_plan(plan, fp32_decided, fmt, dynamic_decided),
                 output_error(),
             )
-            resolved_here = auto & set(final_plan)
             effective = effective.with_ops(
-                {key: final_plan[key[0]] for key in tune_cfg.ops if key[0] in resolved_here}
+                {key: final_plan[key[0]] for key in tune_cfg.ops if key[0] in resolving}
             )
         groups["static"] = dict(final_plan)
         chosen = recipes.requested(tune_cfg.options)

@@ -111,17 +111,21 @@ def _same(given: np.ndarray, returned: np.ndarray) -> bool:
 
 
 def run_chains(
-    run: Runner, feeds: Sequence[Feed], streams: Streams, chains: Sequence[Sequence[int]]
+    run: Runner,
+    feeds: Sequence[Feed],
+    links: Mapping[str, int],
+    chains: Sequence[Sequence[int]],
 ) -> list[list[np.ndarray]]:
     """Outputs of a model over ``chains`` of ``feeds``, each call after a chain's first fed
-    the state outputs of the model's own previous call (not the recorded fp32 state)."""
+    the state outputs (``links``: state input -> output index) of the model's own previous
+    call, not the recorded fp32 state."""
     results: list[list[np.ndarray]] = []
     for chain in chains:
         previous: list[np.ndarray] | None = None
         for k in chain:
             feed = dict(feeds[k])
             if previous is not None:
-                for name, index in streams.links.items():
+                for name, index in links.items():
                     feed[name] = previous[index]
             previous = [np.asarray(value) for value in run(feed)]
             results.append(previous)
