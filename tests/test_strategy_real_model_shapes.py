@@ -238,3 +238,47 @@ def test_a_whole_op_type_fallen_for_one_op_is_won_back(lpq_plugin, tmp_path):
     assert "conv3" in fallen(result) and len(fallen(result)) <= 3
     assert result.summary()["latency_speedup"] > 1
     assert len(result.trials) <= 12, stages
+
+
+class AddsNeedInt8Convs(SlowUnlessConvsRunInt8):
+    """Like ORT on PP-OCRv4 det: an Add or MatMul runs int8 only while some conv does
+    (QLinearAdd needs int8 neighbours), so falling back every conv leaves nothing int8.
+    Inspection shows the largest error on the Adds, which cost the output little."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        yaml = CAPABILITY_YAML.replace("int8: [Conv, MatMul]", "int8: [Conv, MatMul, Add]")
+        self.capability_file.write_text(yaml)
+
+    @lpq.hookimpl
+    def lpq_quantized_ops(self, framework, model):
+        if framework != "fake" or not isinstance(model, FakeQuantizedModel):
+            return None
+        ops = model.tune_cfg.ops
+        any_conv = any(c.quantized for (_, t), c in ops.items() if t == "Conv")
+        return {
+            name: "int8" if c.quantized and (t == "Conv" or any_conv) else "fp32"
+            for (name, t), c in ops.items()
+        }
+
+    @lpq.hookimpl
+    def lpq_inspect_tensor(self, framework, model, dataloader, op_names, kind, iteration):
+        if framework != "fake":
+            return None
+        return chain_with_decoys(model, lambda name, op_type: op_type == "Add")
+
+
+def test_an_op_type_whose_fallback_leaves_nothing_int8_is_not_built_on(lpq_plugin, tmp_path):
+    """Every conv back in fp32 is accurate but is the fp32 model in disguise: the tuner
+    must not fall further types on top of it, and finds the two harmful convs op by op."""
+    lpq_plugin(AddsNeedInt8Convs(tmp_path), name="fake")
+    ops = [(f"conv{i}", "Conv") for i in range(8)] + [(f"add{i}", "Add") for i in range(3)]
+    ops += [("mm0", "MatMul"), ("mm1", "MatMul")]
+    cost = {name: 0.0005 for name, _ in ops} | {"conv2": 0.02, "conv5": 0.015}
+    result = fit(FakeModel(ops=ops, sensitivity=cost), tmp_path / "ws")
+    stages = [(t.stage, t.quantized_ops, t.accuracy) for t in result.trials]
+    assert result.goal_met, stages
+    all_float = [t.stage for t in result.trials if t.quantized_ops == 0]
+    assert all_float == ["fallback op type Conv"], stages
+    assert {"conv2", "conv5"} <= fallen(result) and len(fallen(result)) <= 5, stages
+    assert len(result.trials) <= 14, stages

@@ -11,7 +11,8 @@
    trial spent) stands out: damage concentrated in a handful of ops ends here.
 4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage
    sits in one op type (e.g. its Add or Softmax ops) is fixed here in one step; if no
-   single type is enough, fall back types cumulatively, most harmful first.
+   single type is enough, fall back types cumulatively, most harmful first, leaving out
+   a type whose fallback leaves no op running int8 (that is the fp32 baseline).
 5. **Op-wise, by effect on the output**: the ops with the largest inspected error are
    only *candidates*; falling back each alone (one batch) measures what it really does
    to the model's output, and ops are fallen back in that order. A fallback that makes
@@ -186,8 +187,16 @@ class AutoStrategy(Strategy):
                 if ctx.better(records[i], records[best]):
                     best = i
             return singles[best], records[best], fallen + keys_of[types[best]]
-        gain = {t: accuracy_gain(ctx, r, record) for t, r in zip(types, records)}
-        order = sorted((t for t in types if gain[t] > 0), key=lambda t: -gain[t])
+        # A type whose fallback leaves no op running int8 (PP-OCRv4 det: every Conv; the
+        # Adds and Sigmoids then have no int8 neighbour) is the fp32 baseline in disguise:
+        # its gain is no step toward an answer, and falling more types on top of it wastes
+        # trials. The op-wise stage looks inside such a type instead.
+        gain = {
+            t: accuracy_gain(ctx, r, record)
+            for t, r in zip(types, records)
+            if not runs_all_float(r)
+        }
+        order = sorted((t for t in gain if gain[t] > 0), key=lambda t: -gain[t])
         current, current_record, current_fallen = cfg, record, list(fallen)
         for t in order[: len(types) - 1]:  # all-fp32 is the baseline, not an answer
             candidate = fall_back(space, current, keys_of[t])
