@@ -274,3 +274,79 @@ def test_cli_option_values_are_read_as_yaml():
 
     parsed = _parse_options(("batch=8", "alpha=0.5", "on=true", "name=minmax", "empty="))
     assert parsed == {"batch": 8, "alpha": 0.5, "on": True, "name": "minmax", "empty": ""}
+
+
+SLOW = "  recipes:\n    smooth: [false, true]\n    learn: [false, 300]\n  slow_recipes: [learn]\n"
+
+
+def test_slow_recipes_load_merge_and_must_be_recipes(tmp_path):
+    first = capability_file(tmp_path, SLOW)
+    second = tmp_path / "more.yaml"
+    second.write_text(
+        CAPABILITY_YAML + "  recipes:\n    deep: [false, true]\n  slow_recipes: [deep]\n"
+    )
+    spec = lpq.load_capability([first, second], "fake", None)
+    assert spec.slow_recipes == ("learn", "deep")
+    space = build_tuning_space(
+        spec.build([("op0", "Conv")], None), lpq.PostTrainingQuantConfig(), has_calib_data=True
+    )
+    cfg = space.default()
+    assert [n for n, _ in space.recipe_variants(cfg, slow=True)] == ["learn=300", "deep=True"]
+    assert [n for n, _ in space.recipe_variants(cfg, slow=False)] == ["smooth=True"]
+    assert len(space.recipe_variants(cfg)) == 3
+    bad = capability_file(
+        tmp_path, "  recipes:\n    smooth: [false, true]\n  slow_recipes: [learn]\n"
+    )
+    with pytest.raises(lpq.CapabilityError, match="slow recipe 'learn' is not one of") as info:
+        lpq.load_capability(bad, "fake", None)
+    assert "declare learn under 'recipes'" in str(info.value.hint)
+
+
+class SlowLearningAdaptor(FakeAdaptorPlugin):
+    """A slow recipe ``learn`` that removes a model-wide rounding bias (``bias``
+    accuracy lost by any quantized model, which no op's fallback removes), as AdaRound
+    does; a cheap ``smooth`` that does nothing here."""
+
+    bias = 0.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.capability_file.write_text(CAPABILITY_YAML + SLOW)
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        if not tune_cfg.options.get("learn"):
+            model = FakeModel(model.ops, model.sensitivity, model.base_accuracy - self.bias)
+        return super().lpq_quantize(framework, model, tune_cfg, calib_dataloader, train_func)
+
+
+class BiasedRounding(SlowLearningAdaptor):
+    bias = 0.015
+
+
+def test_slow_recipes_wait_until_the_fallback_stages_are_through(lpq_plugin, tmp_path):
+    """One harmful op: falling it back meets the goal, so the slow recipe is never paid
+    for; the cheap recipe is tried in the early recipe batch."""
+    lpq_plugin(SlowLearningAdaptor(tmp_path), name="fake")
+    result = tune(one_harmful_op("Conv", 8, 0.0002), one_percent_goal(), tmp_path)
+    stages = [t.stage for t in result.trials]
+    assert result.goal_met, stages
+    assert "recipe smooth=True" in stages
+    assert not any("learn" in s for s in stages), stages
+
+
+def test_slow_recipes_are_tried_when_fallbacks_fall_short(lpq_plugin, tmp_path):
+    """A model-wide bias no fallback removes: after the fallback stages find nothing,
+    the slow recipe runs, once, and meets the goal with every op int8."""
+    lpq_plugin(BiasedRounding(tmp_path), name="fake")
+    model = FakeModel(ops=[(f"op{i}", "Conv") for i in range(6)])
+    result = tune(model, one_percent_goal(), tmp_path)
+    stages = [t.stage for t in result.trials]
+    assert result.goal_met, stages
+    learn = [i for i, s in enumerate(stages) if s == "recipe learn=300"]
+    assert len(learn) == 1, stages
+    probes = [i for i, s in enumerate(stages) if s.startswith("probe ops")]
+    assert probes and max(probes) < learn[0], stages
+    assert result.best.stage == "recipe learn=300" and result.best.quantized_ops == 6

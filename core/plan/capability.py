@@ -121,6 +121,8 @@ class CapabilitySpec:
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
     #: Model-wide options the tuner may search: name -> values, the default first.
     recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Recipes whose trial costs many times a plain one (``slow_recipes`` in the YAML).
+    slow_recipes: tuple[str, ...] = ()
     #: Op type -> what the default config does with it (``defaults`` in the YAML).
     defaults: dict[str, str] = field(default_factory=dict)
 
@@ -181,6 +183,7 @@ class CapabilitySpec:
             patterns=list(self.patterns),
             valid_mixed_precision=list(self.valid_mixed_precision),
             recipes=dict(self.recipes),
+            slow_recipes=self.slow_recipes,
             defaults={t: d for t, d in self.defaults.items() if t in optypewise},
         )
 
@@ -203,6 +206,9 @@ class FrameworkCapability:
     valid_mixed_precision: list[tuple[str, ...]] = field(default_factory=list)
     #: Model-wide options the tuner may search (``recipes`` in the YAML), default first.
     recipes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Recipes whose trial costs many times a plain one: the default strategy tries them
+    #: after the fallback stages (``slow_recipes`` in the YAML).
+    slow_recipes: tuple[str, ...] = ()
     #: Op type -> a float precision its ops keep by default (the tuner may still
     #: quantize them), or the mode of their default quantized choice.
     defaults: dict[str, str] = field(default_factory=dict)

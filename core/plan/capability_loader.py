@@ -260,6 +260,17 @@ def _check_semantics(
                     ),
                     hint=f"add {precision} to the block's precisions",
                 )
+        for position, recipe in enumerate(block.get("slow_recipes", [])):
+            if recipe not in block.get("recipes", {}):
+                raise CapabilityError(
+                    _error(
+                        source,
+                        lines,
+                        (index, "slow_recipes", position),
+                        f"slow recipe {recipe!r} is not one of the block's 'recipes'",
+                    ),
+                    hint=f"declare {recipe} under 'recipes' or remove it from 'slow_recipes'",
+                )
         for op_type, default in block.get("defaults", {}).items():
             if default in ("fp16", "bf16") and default not in precisions:
                 raise CapabilityError(
@@ -418,6 +429,7 @@ def _spec_from_block(
             tuple(c.split(" + ")) for c in block.get("valid_mixed_precision", [])
         ],
         recipes={name: tuple(values) for name, values in block.get("recipes", {}).items()},
+        slow_recipes=tuple(block.get("slow_recipes", ())),
         defaults=dict(block.get("defaults", {})),
     )
 
@@ -456,6 +468,7 @@ def load_capability(
         for name, values in spec.recipes.items():
             known = merged.recipes.get(name, ())
             merged.recipes[name] = (*known, *(v for v in values if v not in known))
+        merged.slow_recipes = tuple(dict.fromkeys((*merged.slow_recipes, *spec.slow_recipes)))
         merged.defaults.update(spec.defaults)  # a later file may change a default
         merged.version_block += f", {picked} ({Path(file).name})"
         merged.source += f", {file}"

@@ -41,6 +41,9 @@ class TuningSpace:
     #: Ops the default config keeps in a float precision (capability ``defaults``); a
     #: strategy may still quantize them with any of their ``choices``.
     float_defaults: dict[OpKey, str] = field(default_factory=dict)
+    #: Recipes of ``recipes`` whose trial costs many times a plain one (capability
+    #: ``slow_recipes``): a strategy may try them last.
+    slow_recipes: frozenset[str] = frozenset()
 
     @property
     def ops(self) -> list[OpKey]:
@@ -78,11 +81,16 @@ class TuningSpace:
     def all_fallback(self) -> TuneConfig:
         return self.make({key: self.fallback(key) for key in self.choices})
 
-    def recipe_variants(self, cfg: TuneConfig) -> list[tuple[str, TuneConfig]]:
+    def recipe_variants(
+        self, cfg: TuneConfig, *, slow: bool | None = None
+    ) -> list[tuple[str, TuneConfig]]:
         """``cfg`` with one recipe changed to each of its other values, labelled
-        ``"name=value"``."""
+        ``"name=value"``. ``slow``: only the slow recipes (True), only the others (False),
+        or all (None)."""
         variants = []
         for name, values in self.recipes.items():
+            if slow is not None and (name in self.slow_recipes) != slow:
+                continue
             for value in values:
                 if cfg.options.get(name) != value:
                     variants.append((f"{name}={value}", cfg.with_options({name: value})))
@@ -212,6 +220,7 @@ def build_tuning_space(
         ruled_out,
         recipes,
         {key: p for key, p in float_defaults.items() if key not in forced and choices[key]},
+        frozenset(name for name in capability.slow_recipes if name in recipes),
     )
 
 
