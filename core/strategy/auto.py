@@ -12,8 +12,10 @@
    trial spent) stands out: damage concentrated in a handful of ops ends here.
 4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage
    sits in one op type (e.g. its Add or Softmax ops) is fixed here in one step; if no
-   single type is enough, fall back types cumulatively, most harmful first, leaving out
-   a type whose fallback leaves no op running int8 (that is the fp32 baseline).
+   single type is enough, fall back types cumulatively, most harmful first. A type whose
+   fallback leaves no op running int8 is the fp32 baseline: if it is accurate, its ops
+   are won back but the 1, 2 or 3 most harmful (one batch, as in stage 6); else, or if
+   that misses, it is left out of the cumulative walk.
 5. **Op-wise, by effect on the output**: the ops with the largest inspected error are
    only *candidates*; falling back each alone (one batch) measures what it really does
    to the model's output, and ops are fallen back in that order. A fallback that makes
@@ -195,10 +197,17 @@ class AutoStrategy(Strategy):
                 if ctx.better(records[i], records[best]):
                     best = i
             return singles[best], records[best], fallen + keys_of[types[best]]
-        # A type whose fallback leaves no op running int8 (PP-OCRv4 det: every Conv; the
-        # Adds and Sigmoids then have no int8 neighbour) is the fp32 baseline in disguise:
-        # its gain is no step toward an answer, and falling more types on top of it wastes
-        # trials. The op-wise stage looks inside such a type instead.
+        # A type whose fallback leaves no op running int8 (every Conv of PP-OCRv4 det or
+        # Silero VAD: the Adds and Sigmoids then have no int8 neighbour) is the fp32
+        # baseline in disguise. If it is accurate, the damage is inside it: win its ops
+        # back but the few most harmful (one batch; on VAD that meets the goal). Else, or
+        # if that fails, it is no base for further types: the op-wise stage looks inside.
+        for single, tried, t in zip(singles, records, types):
+            if runs_all_float(tried) and ctx.within_tolerance(tried):
+                found = yield from self._win_back(ctx, single, tried, keys_of[t])
+                if found is not None and ctx.meets_goal(found[1]):
+                    return found[0], found[1], fallen + found[2]
+                break
         gain = {
             t: accuracy_gain(ctx, r, record)
             for t, r in zip(types, records)
