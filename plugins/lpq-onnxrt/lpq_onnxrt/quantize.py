@@ -154,9 +154,9 @@ def quantize(
         dynamic_decided: frozenset[str] = frozenset()
         if latency.enabled(tune_cfg.options):
             # Decided on the plain model (the recipes change values, not the graph's
-            # shape), with minmax ranges where the plan says ``auto``: the ranges are
-            # chosen below, for the graph the decisions leave.
-            groups["static"] = range_choice.resolved(final_plan, "minmax")
+            # shape), with minmax ranges: the requested ones (``auto``: chosen below) go
+            # on the graph the decisions leave.
+            groups["static"] = range_choice.for_decisions(final_plan)
             decision = _latency_decision(
                 prepared,
                 tune_cfg,

@@ -249,6 +249,37 @@ def test_real_measurement_is_cached_on_disk(
     assert int8.samples == fp32.samples and int8.accuracy >= fp32.accuracy - 0.02
 
 
+def test_one_decision_serves_every_range_algorithm(
+    pm, lpq_sample_model, calib_loader, _latency_cache
+):
+    """Latency decisions are measured with minmax ranges whatever the plan asks, so a
+    tuning run's calibration trials (kl, percentile, ...) read one cached decision; each
+    model still gets the ranges it asked for."""
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    folder = _latency_cache / "algorithms"
+    options = {
+        "latency_aware": True,
+        "latency_cache_dir": str(folder),
+        "latency_budget_s": 0.05,
+        "quant_format": "qdq",
+    }
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    ranges_of = {}
+    for algorithm in ("kl", "percentile"):
+        ops = {
+            k: range_choice.with_algorithm(c, algorithm) if c.activation is not None else c
+            for k, c in defaults.items()
+        }
+        model = pm.quantize(
+            FW, lpq_sample_model, lpq.TuneConfig(ops=ops, options=options), calib_loader
+        )
+        ranges_of[algorithm] = model.ranges
+        algorithms = {c.activation.algorithm for c in model.tune_cfg.ops.values() if c.activation}
+        assert algorithms == {algorithm}
+    assert len(list(folder.glob("*.json"))) == 1, "the second algorithm measured again"
+    assert ranges_of["kl"] != ranges_of["percentile"]
+
+
 def test_latency_aware_option_is_validated():
     assert latency.enabled({}) is False
     assert latency.enabled({"latency_aware": True}) is True
