@@ -527,3 +527,34 @@ def test_matmul_recipes_are_offered_only_to_models_with_weighted_matmuls(pm, mlp
     only_convs = pm.query_capability(FW, convs, None, {}).recipes
     assert "cross_layer_equalization" in only_convs
     assert not {"smoothquant", "dynamic_weights"} & set(only_convs)
+
+
+def test_timing_runs_at_the_thread_count_decisions_are_made_at(
+    pm, lpq_sample_model, calib_loader, eval_loader, monkeypatch
+):
+    """A latency pass times the fp32 model and a quantized one at one intra-op thread (what
+    latency-aware quantization decides at) unless the model's options name a count; an
+    accuracy pass keeps ORT's default."""
+    from lpq_onnxrt import evaluate as evaluation
+
+    seen: list[Any] = []
+    real = evaluation.create_session
+
+    def recording(proto: Any, options: dict[str, Any]) -> Any:
+        seen.append(options.get("intra_op_num_threads"))
+        return real(proto, options)
+
+    monkeypatch.setattr(evaluation, "create_session", recording)
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    ops = {k: cap.default_op_config(k) for k in cap.opwise}
+    plain = pm.quantize(FW, lpq_sample_model, lpq.TuneConfig(ops=ops), calib_loader)
+    chosen = pm.quantize(
+        FW,
+        lpq_sample_model,
+        lpq.TuneConfig(ops=ops, options={"intra_op_num_threads": 2}),
+        calib_loader,
+    )
+    for model in (lpq_sample_model, plain, chosen):
+        pm.evaluate(FW, model, calib_loader, [], measurer=lpq.LatencyMeasurer())
+    pm.evaluate(FW, plain, eval_loader, [lpq.TopK(1)])
+    assert seen == [1, 1, 2, None]
