@@ -363,9 +363,10 @@ def _latency_decision(
     # At the batch the user deploys: calibration samples stacked (cycled); else the first.
     feed = next(feeds) if batch is None else batched_feed(input_specs(prepared.model), feeds, batch)
     plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
-    key = latency.cache_key(prepared.key, feed, plan, options)
+    context = latency.cache_context(prepared.key, feed, options)
+    key = latency.cache_key(context, plan)
     folder = latency.cache_dir(options)
-    cached = latency.load_cached(folder, key)
+    cached = latency.load_cached(folder, key) or latency.derived(folder, context, plan)
     if cached is not None:
         log.info("latency decisions from the cache (%d ops kept fp32)", len(cached.fp32_ops))
         return cached
@@ -385,7 +386,7 @@ def _latency_decision(
         dynamic=dynamic,
         error=error,
     )
-    latency.store(folder, key, decision)
+    latency.store(folder, key, decision, context, plan)
     return decision
 
 

@@ -558,3 +558,37 @@ def test_timing_runs_at_the_thread_count_decisions_are_made_at(
         pm.evaluate(FW, model, calib_loader, [], measurer=lpq.LatencyMeasurer())
     pm.evaluate(FW, plain, eval_loader, [lpq.TopK(1)])
     assert seen == [1, 1, 2, None]
+
+
+def test_a_plan_with_ops_fallen_back_reuses_the_larger_plans_decision(
+    pm, lpq_sample_model, calib_loader, _latency_cache
+):
+    """A tuning trial that falls ops back from a decided plan reads that decision (its fp32
+    ops among the plan's, its format) instead of measuring again; a plan that quantizes an
+    op differently is measured."""
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    folder = _latency_cache / "derived"
+    options = {"latency_aware": True, "latency_cache_dir": str(folder), "latency_budget_s": 0.05}
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    full = pm.quantize(
+        FW, lpq_sample_model, lpq.TuneConfig(ops=defaults, options=options), calib_loader
+    )
+    assert len(list(folder.glob("*.json"))) == 1
+    assert not full.latency["steps"][0]["change"].startswith("derived")
+    fallen = next(k for k in defaults if k[1] == "Conv")
+    fewer = lpq.TuneConfig(ops={**defaults, fallen: lpq.OpConfig.fallback()}, options=options)
+    trial = pm.quantize(FW, lpq_sample_model, fewer, calib_loader)
+    assert trial.latency["steps"] == [
+        {"change": "derived from the decision for a plan with 1 more ops", "kept": True}
+    ]
+    assert trial.latency["quant_format"] == full.latency["quant_format"]
+    assert set(trial.latency["fp32_ops"]) == set(full.latency["fp32_ops"]) - {fallen[0]}
+    assert not trial.tune_cfg.ops[fallen].quantized
+    assert len(list(folder.glob("*.json"))) == 1, "nothing measured, nothing stored"
+    other = next(
+        c for c in cap.op_configs(fallen) if c.quantized and c.weight != defaults[fallen].weight
+    )
+    changed = lpq.TuneConfig(ops={**defaults, fallen: other}, options=options)
+    measured = pm.quantize(FW, lpq_sample_model, changed, calib_loader)
+    assert not measured.latency["steps"][0]["change"].startswith("derived")
+    assert len(list(folder.glob("*.json"))) == 2
