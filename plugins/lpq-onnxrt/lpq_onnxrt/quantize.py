@@ -247,7 +247,8 @@ def _dynamic_alternatives(
     offers them dynamic mode: a constant weight), each with the capability's first dynamic
     config, but with per-tensor weights where they lose little against per-channel ones
     (:data:`latency.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster) unless the
-    ``dynamic_weights`` option says ``per_channel``. Only MatMuls are
+    ``dynamic_weights`` option says ``per_channel`` (every MatMul per channel) or
+    ``per_tensor`` (every MatMul per tensor, as ORT's dynamic quantization). Only MatMuls are
     tried for speed (ORT's ConvInteger has no fast kernel); a conv only where int8 costs
     the model much fidelity (see :func:`latency.decide`)."""
     from onnx import numpy_helper
@@ -257,7 +258,7 @@ def _dynamic_alternatives(
     wanted = [key for key in tune_cfg.ops if key[0] in static_ops]
     if not wanted:
         return {}
-    per_tensor_where_even = _dynamic_weights(tune_cfg.options) == "auto"
+    weights_mode = _dynamic_weights(tune_cfg.options)
     capability = build_capability(model, tune_cfg.options)
     weights = {init.name: init for init in model.graph.initializer}
     nodes = {node.name: node for node in model.graph.node}
@@ -276,28 +277,31 @@ def _dynamic_alternatives(
         )
         node = nodes[key[0]]
         if (
-            per_tensor_where_even
+            weights_mode != "per_channel"
             and per_tensor in options
             and node.op_type == "MatMul"
             and len(node.input) > 1
             and node.input[1] in weights
         ):
             weight = numpy_helper.to_array(weights[node.input[1]])
-            if latency.weight_error_ratio(weight) <= latency.PER_TENSOR_WEIGHT_RATIO:
+            even = latency.weight_error_ratio(weight) <= latency.PER_TENSOR_WEIGHT_RATIO
+            if weights_mode == "per_tensor" or even:
                 choice = per_tensor
         found[key[0]] = choice
     return found
 
 
 def _dynamic_weights(options: Mapping[str, Any]) -> str:
-    """The ``dynamic_weights`` option: ``auto`` (default; per tensor where even) or
-    ``per_channel`` (the capability's first dynamic config for every MatMul)."""
+    """The ``dynamic_weights`` option: ``auto`` (default; per tensor where even),
+    ``per_channel`` (the capability's first dynamic config for every MatMul) or
+    ``per_tensor`` (every MatMul per tensor: fastest, least faithful)."""
     value = str(options.get("dynamic_weights", "auto")).lower()
-    if value not in ("auto", "per_channel"):
+    if value not in ("auto", "per_channel", "per_tensor"):
         raise ConfigError(
-            f"dynamic_weights must be auto or per_channel, not {value!r}",
-            hint="auto: per-tensor weights where that loses little (faster); "
-            "per_channel: per-channel weights for every dynamic MatMul (more faithful)",
+            f"dynamic_weights must be auto, per_channel or per_tensor, not {value!r}",
+            hint="auto: per-tensor weights where that loses little; per_channel: every "
+            "dynamic MatMul per channel (more faithful); per_tensor: every one per tensor "
+            "(fastest)",
         )
     return value
 
