@@ -196,18 +196,24 @@ def _json_normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
+def _digest(value: Any) -> str:
+    source = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def cache_key(context: Mapping[str, Any], plan: Any) -> str:
-    source = json.dumps({**context, "plan": plan}, sort_keys=True, default=str)
-    return hashlib.sha256(source.encode()).hexdigest()[:24]
+    """``<context digest>-<context and plan digest>``: the prefix lets :func:`derived` read
+    only the decisions made for this model, input shape and machine."""
+    return f"{_digest(context)[:12]}-{_digest({**context, 'plan': plan})[:24]}"
 
 
-def _decision(data: Mapping[str, Any], *, cached: bool) -> LatencyDecision:
+def _cached_decision(data: Mapping[str, Any]) -> LatencyDecision:
     return LatencyDecision(
         list(data["fp32_ops"]),
         str(data["quant_format"]),
         list(data.get("dynamic_ops", [])),
         list(data["steps"]),
-        cached=cached,
+        cached=True,
     )
 
 
@@ -217,7 +223,7 @@ def load_cached(folder: Path, key: str) -> LatencyDecision | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != _CACHE_FORMAT:
             return None
-        return _decision(data, cached=True)
+        return _cached_decision(data)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -233,12 +239,14 @@ def derived(folder: Path, context: Mapping[str, Any], plan: Any) -> LatencyDecis
     is measured anyway, so an op the derived decision should have moved shows there."""
     plan = _json_normal(plan)
     best: tuple[int, dict[str, Any]] | None = None
-    for path in folder.glob("*.json"):
+    for path in folder.glob(f"{_digest(context)[:12]}-*.json"):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        theirs = data.get("plan") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            continue
+        theirs = data.get("plan")
         if data.get("format") != _CACHE_FORMAT or data.get("context") != context:
             continue
         if not isinstance(theirs, dict) or len(theirs) <= len(plan):
@@ -250,7 +258,7 @@ def derived(folder: Path, context: Mapping[str, Any], plan: Any) -> LatencyDecis
     if best is None:
         return None
     try:
-        parent = _decision(best[1], cached=True)
+        parent = _cached_decision(best[1])
     except (KeyError, TypeError, ValueError):
         return None
     change = f"derived from the decision for a plan with {best[0] - len(plan)} more ops"
