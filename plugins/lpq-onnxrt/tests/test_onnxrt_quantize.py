@@ -521,3 +521,40 @@ def test_dynamic_op_beside_a_static_op_on_the_same_input(pm, caplog):
     got = ort.InferenceSession(qmodel.proto.SerializeToString()).run(None, {"x": data[0]})[0]
     want = data[0] @ w1 + data[0] @ w2
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_clipping_range_algorithms_never_clip_a_model_output(pm):
+    """A probability map, nearly all background near 0 and a few pixels near 1 (PP-OCRv4
+    det's output): kl would clip the output range to the background and no pixel would
+    reach a 0.5 threshold. The model's output keeps its full calibration range."""
+    from onnx import TensorProto, helper
+
+    eye = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm"),
+            helper.make_node("Sigmoid", ["logits"], ["prob"], name="sigmoid"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["N", 4])],
+        [eye],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    rng = np.random.default_rng(0)
+    x = rng.normal(-8.0, 1.0, (2000, 4)).astype(np.float32)
+    x[rng.random(x.shape) < 0.02] = 6.0  # the rare foreground
+    calib = [{"x": x[i : i + 100]} for i in range(0, len(x), 100)]
+    cap = pm.query_capability(FW, model, calib, {})
+    assert ("sigmoid", "Sigmoid") in cap.opwise
+    cfg = _cfg(cap)
+    ops = {
+        key: replace(c, activation=replace(c.activation, algorithm="kl"))
+        for key, c in cfg.ops.items()
+    }
+    qmodel = pm.quantize(FW, model, cfg.with_ops(ops), calib)
+    assert _ops(qmodel)["DequantizeLinear"] >= 1  # the Sigmoid runs quantized
+    got: list[Any] = []
+    pm.evaluate(FW, qmodel, [{"x": np.full((1, 4), 6.0, np.float32)}], [_Collect(got)])
+    assert got[0].min() > 0.9
