@@ -222,7 +222,7 @@ def bench_model(
         if suite.run is not None:
             timing_feeds = test[:4]
         times: dict[str, list[float]] = {label: [] for label in sessions}
-        budget = 60.0 if not quick else 15.0
+        budget = float(os.environ.get("TIME_BUDGET_S") or (60.0 if not quick else 15.0))
         deadline = time.perf_counter() + budget
         rounds = 0
         shuffler = random.Random(batch)
