@@ -646,3 +646,14 @@ def test_a_plan_with_ops_fallen_back_reuses_the_larger_plans_decision(
     measured = pm.quantize(FW, lpq_sample_model, changed, calib_loader)
     assert not measured.latency["steps"][0]["change"].startswith("derived")
     assert len(list(folder.glob("*.json"))) == 2
+    # Two of four ops fallen (an op type's fallback): its neighbours change, it is measured.
+    convs = {k: lpq.OpConfig.fallback() for k in defaults if k[1] == "Conv"}
+    assert len(convs) == 2 and len(defaults) <= 10
+    halved = pm.quantize(
+        FW,
+        lpq_sample_model,
+        lpq.TuneConfig(ops={**defaults, **convs}, options=options),
+        calib_loader,
+    )
+    assert not halved.latency["steps"][0]["change"].startswith("derived")
+    assert len(list(folder.glob("*.json"))) == 3
