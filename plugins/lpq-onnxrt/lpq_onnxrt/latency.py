@@ -205,10 +205,14 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
+def _context_prefix(context: Mapping[str, Any]) -> str:
+    return _digest(context)[:12]
+
+
 def cache_key(context: Mapping[str, Any], plan: Any) -> str:
     """``<context digest>-<context and plan digest>``: the prefix lets :func:`derived` read
     only the decisions made for this model, input shape and machine."""
-    return f"{_digest(context)[:12]}-{_digest({**context, 'plan': plan})[:24]}"
+    return f"{_context_prefix(context)}-{_digest({**context, 'plan': plan})[:24]}"
 
 
 def _cached_decision(data: Mapping[str, Any]) -> LatencyDecision:
@@ -247,7 +251,7 @@ def derived(folder: Path, context: Mapping[str, Any], plan: Any) -> LatencyDecis
     around each: 0.97x fp32; the measured decision moves them to fp32 too."""
     plan = _json_normal(plan)
     best: tuple[int, dict[str, Any]] | None = None
-    for path in folder.glob(f"{_digest(context)[:12]}-*.json"):
+    for path in folder.glob(f"{_context_prefix(context)}-*.json"):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
