@@ -373,6 +373,7 @@ def output_error(
     feeds: Sequence[Mapping[str, np.ndarray]],
     fp32_model: onnx.ModelProto,
     found: Streams | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> Callable[[onnx.ModelProto], float]:
     """An ``error`` function: a model's relative L2 output error against fp32 over ``feeds``
     (a few calibration batches; float outputs, pooled), for choices that must not cost
@@ -380,7 +381,10 @@ def output_error(
 
     With ``found`` (the feeds form streams, see :mod:`lpq_onnxrt.streams`), whole chains
     of ``feeds`` are run, each model feeding its own state back, and the error is that of
-    the non-state outputs: what a quantized recurrent model gets wrong in a real stream."""
+    the non-state outputs: what a quantized recurrent model gets wrong in a real stream.
+
+    ``part=(k, n)`` measures on every n-th of those batches or chains from the k-th: n
+    disjoint parts, for a choice that must hold on data it was not fitted to."""
     from .session import create_session
     from .streams import run_chains
 
@@ -394,6 +398,7 @@ def output_error(
         links, chains = found.links, found.select(STREAM_FEEDS)
         # The state outputs' errors already show in the outputs they feed.
         compared = set(range(len(fp32_model.graph.output))) - set(links.values()) or None
+    chains = chains[part[0] :: part[1]]
 
     def outputs(model: onnx.ModelProto) -> list[np.ndarray]:
         """Per float output, its values over all feeds (flattened, concatenated)."""

@@ -128,11 +128,12 @@ def quantize(
             fp32_ops: frozenset[str],
             form: str,
             dynamic_ops: frozenset[str] = frozenset(),
+            range_scales: Mapping[str, float] | None = None,
         ) -> onnx.ModelProto:
             static = {n: c for n, c in plan.items() if n not in fp32_ops and n not in dynamic_ops}
             built = model_io.copy_model(base)
             if static:
-                built, _ = _static_pass(built, static, tune_cfg, stats, form)
+                built, _ = _static_pass(built, static, tune_cfg, stats, form, range_scales)
             built = read_float_inputs(built, base, [*float_ops, *fp32_ops, *dynamic_ops])
             if dynamic_ops:
                 dyn = {n: dynamic_configs[n] for n in dynamic_ops}
@@ -185,14 +186,37 @@ def quantize(
         if resolving:
             # Chosen on the graph that ships (format, fp32 and dynamic ops decided): on
             # Silero VAD the best algorithm for the QDQ graph is the worst for QOperator.
+            narrowing = None
+            if len(final_plan) <= range_choice.NARROW_MAX_OPS:
+                outputs = {output.name for output in base.graph.output}
+                available = set(stats.tensor_names())
+                narrowing = range_choice.Narrowing(
+                    [
+                        name
+                        for name in ranges.activation_tensors(base, resolving)
+                        if name in available and name not in outputs
+                    ],
+                    [
+                        _output_error(prepared.model, tune_cfg, calib_dataloader, (k, 2))
+                        for k in range(2)
+                    ],
+                )
             final_plan, ranges_chosen = range_choice.resolve(
                 final_plan,
-                lambda plan: build_plan(plan, fp32_decided, fmt, dynamic_decided),
+                lambda plan, scales: build_plan(
+                    plan, fp32_decided, fmt, dynamic_decided, range_scales=scales
+                ),
                 output_error(),
+                narrowing,
             )
             effective = effective.with_ops(
                 {key: final_plan[key[0]] for key in tune_cfg.ops if key[0] in resolving}
             )
+            if ranges_chosen is not None and ranges_chosen.narrowed:
+                recorded = range_choice.scales_from(tune_cfg.options)
+                effective = effective.with_options(
+                    {range_choice.SCALES_OPTION: {**recorded, **ranges_chosen.narrowed}}
+                )
         groups["static"] = dict(final_plan)
         chosen = recipes.requested(tune_cfg.options)
         if chosen and groups["static"]:  # only for the ops that stay int8
@@ -208,7 +232,14 @@ def quantize(
             work = model_io.copy_model(base)
             stats = calibrate(base, model_key)
         if groups["static"]:
-            work, used_ranges = _static_pass(work, groups["static"], tune_cfg, stats, fmt)
+            work, used_ranges = _static_pass(
+                work,
+                groups["static"],
+                tune_cfg,
+                stats,
+                fmt,
+                range_choice.scales_from(effective.options),
+            )
         # Ops kept float, and dynamic ops (they quantize their float input themselves; a
         # DequantizeLinear in front would be quantized twice, under the same name).
         fp32_now = [
@@ -326,10 +357,14 @@ def _latency_batch_size(options: Mapping[str, Any]) -> int | None:
 
 
 def _output_error(
-    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
+    model: onnx.ModelProto,
+    tune_cfg: TuneConfig,
+    calib_dataloader: Iterable[Any],
+    part: tuple[int, int] = (0, 1),
 ) -> Callable[[onnx.ModelProto], float]:
     """A model's output error against fp32 on a spread of calibration batches, or, when
-    the calibration data was recorded from streams, on whole streams (see :mod:`streams`)."""
+    the calibration data was recorded from streams, on whole streams (see :mod:`streams`);
+    with ``part=(k, n)``, on the k-th of n disjoint parts of those."""
     from .session import create_session
 
     feeds = list(ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size))
@@ -341,9 +376,9 @@ def _output_error(
             len(found.chains),
             ", ".join(found.links),
         )
-        return latency.output_error(tune_cfg.options, feeds, model, found)
+        return latency.output_error(tune_cfg.options, feeds, model, found, part)
     return latency.output_error(
-        tune_cfg.options, latency.spread(feeds, latency.ERROR_BATCHES), model
+        tune_cfg.options, latency.spread(feeds, latency.ERROR_BATCHES), model, part=part
     )
 
 
@@ -403,6 +438,7 @@ def _static_pass(
     tune_cfg: TuneConfig,
     stats: CalibrationStats,
     fmt: str,
+    range_scales: Mapping[str, float] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, tuple[float, float]]]:
     from onnxruntime.quantization import QDQQuantizer
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -449,6 +485,10 @@ def _static_pass(
     # PP-OCRv4 det's probability map, mostly background near 0, got kl range [0, 0.125]:
     # no pixel reached the 0.3 text threshold, IoU 0 (minmax: 0.91).
     outputs = {output.name for output in model.graph.output}
+    # Narrowed by ``auto`` on the output error (range_choice.narrow), or as recorded.
+    scales = range_choice.scales_from(tune_cfg.options)
+    if range_scales is not None:
+        scales.update(range_scales)
     overrides: dict[str, list[dict[str, Any]]] = {}
     data: dict[str, TensorData] = {}
     used: dict[str, tuple[float, float]] = {}
@@ -468,6 +508,8 @@ def _static_pass(
                 lo, hi = stats.compute_range(name, algorithm, symmetric=symmetric)
         except KeyError:
             continue
+        if name in scales and name not in outputs:
+            lo, hi = lo * scales[name], hi * scales[name]
         used[name] = (float(lo), float(hi))
         data[name] = TensorData(
             lowest=np.array(lo, dtype=np.float32), highest=np.array(hi, dtype=np.float32)

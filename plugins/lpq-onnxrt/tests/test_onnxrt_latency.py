@@ -368,7 +368,7 @@ def _scripted_error(monkeypatch: pytest.MonkeyPatch, dynamic_cut: float) -> None
     """Output error 1.0, times ``dynamic_cut`` per dynamic MatMul (static activations
     that clip an outlier, as in a transformer, against per-run ranges that never do)."""
 
-    def output_error(options: Any, feeds: Any, fp32_model: Any) -> Any:
+    def output_error(options: Any, feeds: Any, fp32_model: Any, *where: Any, **part: Any) -> Any:
         def error(model: onnx.ModelProto) -> float:
             return dynamic_cut ** sum(n.op_type == "MatMulInteger" for n in model.graph.node)
 
