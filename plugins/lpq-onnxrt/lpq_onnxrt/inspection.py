@@ -48,9 +48,12 @@ def _activation_tensor(
         tensor = follow_activation(consumers, nodes[op_name].output[0])
     elif fp32_output in produced:
         tensor = fp32_output
-    elif fp32_output and f"{fp32_output}_quantized" in produced:
-        # QOperator: the node became QLinear*; dequantize its output for inspection.
-        qnode = produced[f"{fp32_output}_quantized"]
+    elif (fp32_output and f"{fp32_output}_quantized" in produced) or f"{op_name}_quant" in nodes:
+        # QOperator: the node became QLinear*; dequantize its output for inspection. Found
+        # by its output, or by name where ORT dropped the Relu after it and kept the conv's
+        # own output name (PP-OCRv4 det's squeeze-excite convs: ``p2o.Conv.22_quant``
+        # writes ``conv2d_461.tmp_0_quantized``, where the fp32 op's output is the Relu's).
+        qnode = produced.get(f"{fp32_output}_quantized") or nodes[f"{op_name}_quant"]
         # Output scale / zero point: inputs 6, 7 of QLinearConv/QLinearMatMul/QLinearAdd,
         # 7, 8 of QGemm (after the bias); a QGemm without them outputs float already.
         first = 7 if qnode.op_type == "QGemm" else 6

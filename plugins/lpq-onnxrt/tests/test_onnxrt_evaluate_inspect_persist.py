@@ -109,6 +109,58 @@ def test_inspect_fp32_and_quantized_by_fp32_names(pm, lpq_sample_model, qmodel, 
     assert not np.array_equal(w8, w32)
 
 
+def _squeeze_excite() -> onnx.ModelProto:
+    """x * sigmoid(conv(relu(conv(avgpool(x))))): MobileNetV3 / PP-OCRv4 det's block."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, out: int, inp: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.3, (out, inp, 1, 1)).astype("f4"), name)
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
+        helper.make_node("Conv", ["g", "w1"], ["c1"], name="conv_a"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu_a"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv_b"),
+        helper.make_node("Sigmoid", ["c2"], ["s"], name="sig"),
+        helper.make_node("Mul", ["x", "s"], ["y"], name="mul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "squeeze_excite",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 6, 6])],
+        [weight("w1", 4, 8), weight("w2", 8, 4)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inspect_qoperator_conv_whose_relu_ort_dropped(pm):
+    """In QOperator, ORT folds the Relu after ``conv_a`` into its QLinearConv, which keeps
+    the conv's own output name; the fp32 op's output is the Relu's. Inspection still
+    finds it (PP-OCRv4 det tuning fell back to ranking ops by trials over this)."""
+    model = _squeeze_excite()
+    x = np.random.default_rng(1).normal(0, 1, (64, 8, 6, 6)).astype(np.float32)
+    loader = lpq.ArrayLoader(x, batch_size=8)
+    cap = pm.query_capability(FW, model, loader, {})
+    cfg = lpq.TuneConfig(
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        calib_sampling_size=64,
+        options={"quant_format": "qoperator"},
+    )
+    qmodel = pm.quantize(FW, model, cfg, loader)
+    assert "conv_a_quant" in {node.name for node in qmodel.proto.graph.node}
+    names = ["conv_a", "conv_b", "mul"]
+    fp32 = pm.inspect_tensor(FW, model, loader, names, "activation", 1)
+    int8 = pm.inspect_tensor(FW, qmodel, loader, names, "activation", 1)
+    for name in names:
+        a, b = fp32.activations[name][0], int8.activations[name][0]
+        assert a.shape == b.shape, name
+        assert 0 < np.linalg.norm(a - b) / np.linalg.norm(a) < 0.1, name
+    assert int8.activations["conv_a"][0].min() >= 0  # the Relu's output, as in fp32
+
+
 def test_inspect_unknown_node_is_a_config_error(pm, lpq_sample_model, eval_loader):
     with pytest.raises(lpq.ConfigError, match="nope"):
         pm.inspect_tensor(FW, lpq_sample_model, eval_loader, ["nope"], "activation", 1)
