@@ -102,7 +102,9 @@ def bench_model(
     if key == "layout":
         counts = {"calib": 8, "tune": 4, "test": 8}
     if key == "vad":
-        counts = {"calib": 4, "tune": 4, "test": 8}
+        # 32 test streams: on 8, one seed's fidelities read up to 0.03 off those of 32
+        # streams of other seeds (a 0.1 ms model: scoring them costs seconds).
+        counts = {"calib": 4, "tune": 4, "test": 32}
     if key == "vad":
         calib = models.silero_calibration_feeds(suite.path, counts["calib"], 1, 1)
     else:
