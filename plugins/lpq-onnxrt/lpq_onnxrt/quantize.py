@@ -145,10 +145,18 @@ def quantize(
         ) -> onnx.ModelProto:
             return build_plan(groups["static"], fp32_ops, form, dynamic_ops)
 
-        # One output-error function: its fp32 reference outputs are computed once.
-        output_error = functools.cache(
-            lambda: _output_error(prepared.model, tune_cfg, calib_dataloader)
+        # The calibration feeds are read and their streams found once; one output-error
+        # function on all of them (its fp32 reference outputs computed once), and, for
+        # narrowing, one on each half.
+        error_feeds = functools.cache(
+            lambda: _error_feeds(prepared.model, tune_cfg, calib_dataloader)
         )
+
+        def error_on(part: tuple[int, int]) -> Callable[[onnx.ModelProto], float]:
+            feeds, found = error_feeds()
+            return latency.output_error(tune_cfg.options, feeds, prepared.model, found, part)
+
+        output_error = functools.cache(lambda: error_on((0, 1)))
         auto = set(range_choice.auto_ops(groups["static"]))
         final_plan = groups["static"]
         fp32_decided: frozenset[str] = frozenset()
@@ -196,10 +204,7 @@ def quantize(
                         for name in ranges.activation_tensors(base, resolving)
                         if name in available and name not in outputs
                     ],
-                    [
-                        _output_error(prepared.model, tune_cfg, calib_dataloader, (k, 2))
-                        for k in range(2)
-                    ],
+                    [error_on((k, 2)) for k in range(2)],
                 )
             final_plan, ranges_chosen = range_choice.resolve(
                 final_plan,
@@ -356,30 +361,33 @@ def _latency_batch_size(options: Mapping[str, Any]) -> int | None:
     return size
 
 
-def _output_error(
-    model: onnx.ModelProto,
-    tune_cfg: TuneConfig,
-    calib_dataloader: Iterable[Any],
-    part: tuple[int, int] = (0, 1),
-) -> Callable[[onnx.ModelProto], float]:
-    """A model's output error against fp32 on a spread of calibration batches, or, when
-    the calibration data was recorded from streams, on whole streams (see :mod:`streams`);
-    with ``part=(k, n)``, on the k-th of n disjoint parts of those."""
+def _error_feeds(
+    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
+) -> tuple[list[dict[str, np.ndarray]], streams.Streams | None]:
+    """The calibration feeds output errors are measured on: a spread of batches, or, when
+    the calibration data was recorded from streams, all of it and its streams (see
+    :mod:`streams`)."""
     from .session import create_session
 
     feeds = list(ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size))
     session = create_session(model, latency.measuring_options(tune_cfg.options))
     found = streams.find(lambda feed: session.run(None, dict(feed)), feeds)
-    if found is not None:
-        log.info(
-            "calibration data is %d stream(s), state %s: output error measured on streams",
-            len(found.chains),
-            ", ".join(found.links),
-        )
-        return latency.output_error(tune_cfg.options, feeds, model, found, part)
-    return latency.output_error(
-        tune_cfg.options, latency.spread(feeds, latency.ERROR_BATCHES), model, part=part
+    if found is None:
+        return latency.spread(feeds, latency.ERROR_BATCHES), None
+    log.info(
+        "calibration data is %d stream(s), state %s: output error measured on streams",
+        len(found.chains),
+        ", ".join(found.links),
     )
+    return feeds, found
+
+
+def _output_error(
+    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
+) -> Callable[[onnx.ModelProto], float]:
+    """A model's output error against fp32 on the feeds of :func:`_error_feeds`."""
+    feeds, found = _error_feeds(model, tune_cfg, calib_dataloader)
+    return latency.output_error(tune_cfg.options, feeds, model, found)
 
 
 def _latency_decision(
