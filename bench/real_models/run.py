@@ -105,7 +105,6 @@ def bench_model(
         # 32 test streams: on 8, one seed's fidelities read up to 0.03 off those of 32
         # streams of other seeds (a 0.1 ms model: scoring them costs seconds).
         counts = {"calib": 4, "tune": 4, "test": 32}
-    if key == "vad":
         calib = models.silero_calibration_feeds(suite.path, counts["calib"], 1, 1)
     else:
         calib = suite.feeds(counts["calib"], 1, 1)
