@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/12"
+_CACHE_FORMAT = "lpq-onnxrt-latency/13"
 #: A timing ratio this close to a decision threshold is measured a second time.
 BORDERLINE = 0.02
 #: At most this many rounds of "ops the profiler blames -> fp32" per format.

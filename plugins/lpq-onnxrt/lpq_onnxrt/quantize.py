@@ -138,7 +138,7 @@ def quantize(
             if dynamic_ops:
                 dyn = {n: dynamic_configs[n] for n in dynamic_ops}
                 built = _dynamic_pass(built, dyn, tune_cfg.options)
-            return built
+            return graph.drop_inner_shapes(built)  # timed as it will ship
 
         def build(
             fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
@@ -260,6 +260,7 @@ def quantize(
         from .convert import convert_nodes
 
         work = convert_nodes(work, floats)
+    graph.drop_inner_shapes(work)
     graph.topological_sort(work)
     options = dict(tune_cfg.options)
     if decision is not None:
@@ -420,10 +421,12 @@ def _latency_decision(
     ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
     formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
     timer = latency.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
-    blame = latency.profile_blame(options, feed, prepared.model, [n for n, _ in ops])
+    # The fp32 side of every comparison, shaped as the candidates are (see build_plan).
+    fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
+    blame = latency.profile_blame(options, feed, fp32, [n for n, _ in ops])
     decision = latency.decide(
         build,
-        prepared.model,
+        fp32,
         ops,
         feed,
         formats=formats,

@@ -558,3 +558,73 @@ def test_clipping_range_algorithms_never_clip_a_model_output(pm):
     got: list[Any] = []
     pm.evaluate(FW, qmodel, [{"x": np.full((1, 4), 6.0, np.float32)}], [_Collect(got)])
     assert got[0].min() > 0.9
+
+
+def _optimized_op_types(proto: onnx.ModelProto, tmp_path: Any) -> Counter[str]:
+    """The op types ORT runs for ``proto`` in a default (ORT_ENABLE_ALL) session."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    return Counter(node.op_type for node in optimized.graph.node)
+
+
+def test_shipped_model_carries_no_inferred_shapes(pm, tmp_path):
+    """A residual block (MatMul + bias, Add, LayerNormalization) behind a Reshape whose
+    shape ORT cannot infer at load, as in an exported transformer. lpq's preparation
+    infers it symbolically; if those shapes shipped, ORT would fuse the Adds and the
+    LayerNormalization into SkipLayerNormalization, which ran MiniLM-L6 slower on CPU."""
+    from onnx import TensorProto, helper
+
+    from lpq_onnxrt import model_io
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "b"),
+        numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "beta"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([8, 16], np.int64), "tail"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+            helper.make_node("Slice", ["shape", "zero", "one"], ["batch"], name="batch"),
+            helper.make_node("Concat", ["batch", "tail"], ["dims"], name="dims", axis=0),
+            helper.make_node("Reshape", ["x", "dims"], ["r"], name="reshape"),
+            helper.make_node("MatMul", ["r", "w"], ["m"], name="matmul"),
+            helper.make_node("Add", ["m", "b"], ["h"], name="bias"),
+            helper.make_node("Add", ["h", "r"], ["s"], name="residual"),
+            helper.make_node(
+                "LayerNormalization", ["s", "gamma", "beta"], ["y"], name="norm", axis=-1
+            ),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert _optimized_op_types(model, tmp_path)["SkipLayerNormalization"] == 0
+
+    cap = pm.query_capability(FW, model, None, {})
+    qmodel = pm.quantize(FW, model, _cfg(cap, "dynamic"), None)
+    assert not qmodel.proto.graph.value_info
+    ran = _optimized_op_types(qmodel.proto, tmp_path)
+    assert ran["SkipLayerNormalization"] == 0 and ran["LayerNormalization"] == 1
+    assert ran["MatMulIntegerToFloat"] + ran["DynamicQuantizeMatMul"] == 1, ran
+    # The same graph with the inferred shapes put back is fused: they are what matters.
+    reshaped = model_io.infer_shapes(model_io.copy_model(qmodel.proto))
+    assert _optimized_op_types(reshaped, tmp_path)["SkipLayerNormalization"] == 1
+
+    x = rng.normal(0, 1, (4, 128)).astype(np.float32)
+    ref: list[Any] = []
+    got: list[Any] = []
+    pm.evaluate(FW, model, [{"x": x}], [_Collect(ref)])
+    pm.evaluate(FW, qmodel, [{"x": x}], [_Collect(got)])
+    assert np.abs(got[0] - ref[0]).max() < 0.1
