@@ -12,7 +12,9 @@ Passes, in order, each touching only the nodes the tune_cfg gives it:
 3. **weight_only** (MatMulNBits), one pass per (bits, block size, scheme).
 4. **float fallbacks** to fp16/bf16 (casts around the node, see :mod:`.convert`).
 
-Ops set to fp32 are excluded from every pass. The input model is never modified.
+Ops set to fp32 are excluded from every pass. The input model is never modified. The
+result, and every candidate latency-aware quantization times, carries no inferred inner
+shapes (see :func:`.graph.drop_inner_shapes`).
 """
 
 from __future__ import annotations
@@ -586,7 +588,8 @@ def _static_pass(
                 op_types,
                 extra,
             )
-        quantizer.quantize_model()
+        with _quiet_quantizer():
+            quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise ModelError(
             f"ONNX Runtime's quantizer rejected the configuration ({type(exc).__name__}: {exc})",
@@ -632,18 +635,31 @@ def _reduce_range(tensor: TensorConfig | None) -> bool:
 # --------------------------------------------------------------------------- dynamic
 
 
-class _AlreadyQuantizedWarning(logging.Filter):
+class _QuantizerNoise(logging.Filter):
+    """Moves ORT quantizer warnings that are expected under lpq to lpq's debug log."""
+
+    EXPECTED = (
+        # the dynamic pass runs on a model the static pass already gave Q/DQ nodes
+        "already quantized",
+        # ORT checks the int64 shape tensors around ops it quantizes (Silero VAD: 122 of
+        # them per quantization); what was quantized is read from the converted model
+        "unsupported type to quantize",
+    )
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "already quantized" not in record.getMessage()
+        message = record.getMessage()
+        if any(text in message for text in self.EXPECTED):
+            log.debug("ORT quantizer: %s", message.splitlines()[0])
+            return False
+        return True
 
 
 @contextlib.contextmanager
-def _quiet_about_qdq_nodes() -> Iterator[None]:
-    """The dynamic pass runs on a model the static pass already gave Q/DQ nodes (a
-    mixed plan), and ORT's quantizer warns on the root logger that the model may be
-    quantized already: expected here, and noise to a user, so it is dropped."""
+def _quiet_quantizer() -> Iterator[None]:
+    """ORT's quantizers warn on the root logger about things lpq expects (see
+    :class:`_QuantizerNoise`): noise to a user, so they go to lpq's debug log."""
     root = logging.getLogger()
-    quiet = _AlreadyQuantizedWarning()
+    quiet = _QuantizerNoise()
     root.addFilter(quiet)
     try:
         yield
@@ -689,7 +705,7 @@ def _dynamic_pass(
                 op_types,
                 extra,
             )
-            with _quiet_about_qdq_nodes():
+            with _quiet_quantizer():
                 quantizer.quantize_model()
         except (ValueError, KeyError, TypeError, AssertionError) as exc:
             raise ModelError(

@@ -628,3 +628,22 @@ def test_shipped_model_carries_no_inferred_shapes(pm, tmp_path):
     pm.evaluate(FW, model, [{"x": x}], [_Collect(ref)])
     pm.evaluate(FW, qmodel, [{"x": x}], [_Collect(got)])
     assert np.abs(got[0] - ref[0]).max() < 0.1
+
+
+def test_expected_ort_quantizer_warnings_go_to_the_debug_log(caplog):
+    """ORT's quantizers warn on the root logger about the int64 shape tensors around the
+    ops they quantize (122 lines per quantization of Silero VAD) and about Q/DQ nodes a
+    mixed plan already has; lpq expects both. Other warnings still reach the user."""
+    import logging
+
+    from lpq_onnxrt.quantize import _quiet_quantizer
+
+    with caplog.at_level("DEBUG"), _quiet_quantizer():
+        logging.warning("Inference failed or unsupported type to quantize for tensor 'g'")
+        logging.warning("Please check if the model is already quantized.")
+        logging.warning("something else went wrong")
+    root = [r.getMessage() for r in caplog.records if r.name == "root"]
+    assert root == ["something else went wrong"]
+    assert any("unsupported type to quantize" in r.getMessage() for r in caplog.records)
+    logging.warning("Inference failed or unsupported type to quantize for tensor 'h'")
+    assert "tensor 'h'" in caplog.text, "the filter is gone once the pass is done"
