@@ -641,8 +641,8 @@ class _QuantizerNoise(logging.Filter):
     EXPECTED = (
         # the dynamic pass runs on a model the static pass already gave Q/DQ nodes
         "already quantized",
-        # ORT checks the int64 shape tensors around ops it quantizes (Silero VAD: 122 of
-        # them per quantization); what was quantized is read from the converted model
+        # ORT checks the int64 shape tensors around ops it quantizes (122 lines in one
+        # default quantization of Silero VAD); what was quantized is read from the model
         "unsupported type to quantize",
     )
 

@@ -632,8 +632,9 @@ def test_shipped_model_carries_no_inferred_shapes(pm, tmp_path):
 
 def test_expected_ort_quantizer_warnings_go_to_the_debug_log(caplog):
     """ORT's quantizers warn on the root logger about the int64 shape tensors around the
-    ops they quantize (122 lines per quantization of Silero VAD) and about Q/DQ nodes a
-    mixed plan already has; lpq expects both. Other warnings still reach the user."""
+    ops they quantize (122 lines in one default quantization of Silero VAD) and about the
+    Q/DQ nodes a mixed plan already has; lpq expects both. Other warnings still reach
+    the user."""
     import logging
 
     from lpq_onnxrt.quantize import _quiet_quantizer
