@@ -385,14 +385,6 @@ def _error_feeds(
     return feeds, found
 
 
-def _output_error(
-    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
-) -> Callable[[onnx.ModelProto], float]:
-    """A model's output error against fp32 on the feeds of :func:`_error_feeds`."""
-    feeds, found = _error_feeds(model, tune_cfg, calib_dataloader)
-    return latency.output_error(tune_cfg.options, feeds, model, found)
-
-
 def _latency_decision(
     prepared: model_io.PreparedModel,
     tune_cfg: TuneConfig,

@@ -51,10 +51,12 @@ def _algorithms(cfg: lpq.TuneConfig) -> set[str]:
 
 def _measured_error(model: onnx.ModelProto, fp32: Any, cfg: lpq.TuneConfig, loader: Any) -> float:
     """``model``'s output error as quantize measures it (same calibration batches)."""
-    from lpq_onnxrt import model_io
-    from lpq_onnxrt.quantize import _output_error
+    from lpq_onnxrt import latency, model_io
+    from lpq_onnxrt.quantize import _error_feeds
 
-    return _output_error(model_io.prepare(fp32).model, cfg, loader)(model)
+    prepared = model_io.prepare(fp32).model
+    feeds, found = _error_feeds(prepared, cfg, loader)
+    return latency.output_error(cfg.options, feeds, prepared, found)(model)
 
 
 def test_default_is_auto_and_the_result_records_what_it_resolved_to(
