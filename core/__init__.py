@@ -34,6 +34,7 @@ from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
 from .plan.capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
 from .plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
+from .plugins.adaptor_hooks import AdaptorHooks
 from .plugins.discovery import installed_version
 from .plugins.manager import PluginManager, get_plugin_manager
 from .plugins.types import AdaptorInfo, BackendProfile, Example
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .config import AccuracyCriterion, PostTrainingQuantConfig, TuningCriterion
     from .deployment import DeployResult, deploy
     from .eval.metrics import F1, MSE, Agreement, CosineSimilarity, TopK
+    from .hardware import CpuFeatures, cpu_features
     from .plan.backend import QuantScheme, RuledOut, TensorScheme
     from .plan.capability_loader import load_capability, validate_capability_file
     from .plan.tuning_space import TuningSpace
@@ -71,6 +73,8 @@ _LAZY = {
     "load_capability": "plan.capability_loader",
     "validate_capability_file": "plan.capability_loader",
     "TuningSpace": "plan.tuning_space",
+    "CpuFeatures": "hardware",
+    "cpu_features": "hardware",
     "QuantScheme": "plan.backend",
     "TensorScheme": "plan.backend",
     "RuledOut": "plan.backend",
@@ -123,6 +127,7 @@ __all__ = [
     "FLOAT_PRECISIONS",
     "MSE",
     "AccuracyCriterion",
+    "AdaptorHooks",
     "AdaptorInfo",
     "Agreement",
     "ArrayLoader",
@@ -132,6 +137,7 @@ __all__ = [
     "CapabilitySpec",
     "ConfigError",
     "CosineSimilarity",
+    "CpuFeatures",
     "DataError",
     "DeployResult",
     "EvalResult",
@@ -178,6 +184,7 @@ __all__ = [
     "atomic_write",
     "batch_size",
     "content_key",
+    "cpu_features",
     "deploy",
     "evaluate_batches",
     "exclusive_timing",

@@ -22,6 +22,7 @@ from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, batch_siz
 from .eval.evaluation import Metric, Postprocess
 from .eval.metrics import label_free_metric
 from .eval.watch import reading
+from .hardware import cpu_features
 from .plan.extra_capability import merge_capability_files
 from .plan.tune_config import TuneConfig
 from .plan.tuning_space import TuningSpace, build_tuning_space
@@ -107,6 +108,8 @@ class TuningResult(QuantizedModel):
             "fallback_ops": best.fallback_ops,
             "op_counts_from": best.counts_from,
             "history": str(self.history_path) if self.history_path else None,
+            # the CPU the numbers were measured on, and the int8 ISA lpq planned for
+            "cpu": cpu_features().as_dict(),
         }
 
 
@@ -290,6 +293,8 @@ def fit(
         key = run_key(
             {
                 "framework": framework,
+                # the CPU's int8 ISA decides formats (and LPQ_CPU_FLAGS can change it)
+                "cpu_isa": cpu_features().isa,
                 "model": model_fingerprint(model, space.ops),
                 # In-memory models have no file to hash: a retrained model with the same
                 # ops almost always scores differently, so the baseline tells them apart.

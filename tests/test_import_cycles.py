@@ -1,4 +1,5 @@
-"""lpq's modules import each other without cycles — lazy imports inside functions count.
+"""lpq's packages import their own modules without cycles — lazy imports inside functions
+count. Core and every adaptor and example plugin of this repository are checked.
 
 A cycle held apart by a function-level import works until someone moves that import;
 the layout (plan -> plugins -> tuning/strategy -> api/cli) is meant to make cycles
@@ -12,11 +13,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[1] / "core"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "core"
+# Each package's source folder and import name: core is `lpq`, a plugin's folder is named
+# after its package.
+PACKAGES = {CORE: "lpq"} | {
+    folder: folder.name
+    for folder in sorted([*ROOT.glob("plugins/*/lpq_*"), *ROOT.glob("examples/*/lpq_*")])
+    if folder.is_dir()
+}
 
 
-def module_name(path: Path) -> str:
-    parts = ["lpq", *path.relative_to(CORE).with_suffix("").parts]
+def module_name(path: Path, root: Path = CORE) -> str:
+    parts = [PACKAGES[root], *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -24,8 +35,8 @@ def is_type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    name = module_name(path)
+def imports_of(path: Path, modules: set[str], root: Path = CORE) -> set[str]:
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -49,10 +60,10 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = [p for p in CORE.rglob("*.py") if "testing" not in p.parts]
-    modules = {module_name(p) for p in files}
-    return {module_name(p): imports_of(p, modules) for p in files}
+def import_graph(root: Path = CORE) -> dict[str, set[str]]:
+    files = [p for p in root.rglob("*.py") if not (root == CORE and "testing" in p.parts)]
+    modules = {module_name(p, root) for p in files}
+    return {module_name(p, root): imports_of(p, modules, root) for p in files}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -77,9 +88,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_core_has_no_import_cycle():
-    cycle = find_cycle(import_graph())
+@pytest.mark.parametrize("root", sorted(PACKAGES), ids=lambda root: PACKAGES[root])
+def test_package_has_no_import_cycle(root: Path):
+    cycle = find_cycle(import_graph(root))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_adaptor_package_is_checked():
+    names = set(PACKAGES.values())
+    assert {"lpq", "lpq_onnxrt", "lpq_torch", "lpq_tf", "lpq_mxnet", "lpq_acme_npu"} <= names
 
 
 def test_the_checker_finds_a_planted_cycle():

@@ -19,9 +19,10 @@ from ..errors import LpqError, LpqWarning
 
 
 def _version_text() -> str:
+    from ..hardware import cpu_features
     from ..plugins.manager import get_plugin_manager
 
-    lines = [f"lpq-core {__version__}"]
+    lines = [f"lpq-core {__version__}", f"CPU int8 features: {cpu_features().describe()}"]
     for record in get_plugin_manager().records():
         lines.append(
             f"{record.distribution} {record.version} (plugin {record.name!r}, "
@@ -43,7 +44,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     expose_value=False,
     is_eager=True,
     callback=_print_version,
-    help="Show the versions of lpq-core and every plugin.",
+    help="Show the versions of lpq-core and every plugin, and the CPU's int8 features.",
 )
 def cli() -> None:
     """lpq: accuracy-aware low-precision quantization.
@@ -102,6 +103,9 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
         )
     print_table(console, listing)
     if verbose:
+        from ..hardware import cpu_features
+
+        console.print(f"CPU int8 features: {cpu_features().describe()}")
         for record in records:
             hooks = ", ".join(h.removeprefix("lpq_") for h in record.hooks) or "none"
             console.print(f"[bold]{record.name}[/] hooks: {hooks}")

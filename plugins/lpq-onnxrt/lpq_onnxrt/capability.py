@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lpq
+from lpq.plan.cpu_defaults import order_for_cpu
 
 from . import graph
 
@@ -75,6 +76,8 @@ def build_capability(
         and not (node.op_type in _ELEMENTWISE and any(i in constants for i in node.input))
     ]
     capability = spec.build(ops, lpq.installed_version(DISTRIBUTION))
+    # 7-bit weights first where this CPU's u8 x s8 kernels saturate (x86 without VNNI)
+    order_for_cpu(capability, lpq.cpu_features())
     by_name = {node.name: node for node in model.graph.node}
     for key in list(capability.opwise):
         node = by_name[key[0]]

@@ -148,7 +148,8 @@ def enabled(options: Mapping[str, Any]) -> bool:
 
 
 def machine_key(options: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes timings of one machine comparable: CPU, cores, ORT, threads, provider."""
+    """What makes timings of one machine comparable: CPU and its int8 ISA, cores, ORT,
+    threads, provider."""
     import onnxruntime
 
     cpu = platform.processor() or platform.machine()
@@ -162,6 +163,7 @@ def machine_key(options: Mapping[str, Any]) -> dict[str, Any]:
         pass
     return {
         "cpu": cpu,
+        "isa": lpq.cpu_features().isa,
         "cores": os.cpu_count(),
         "onnxruntime": onnxruntime.__version__,
         "threads": measuring_options(options).get("intra_op_num_threads", options.get("threads")),
