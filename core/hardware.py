@@ -121,7 +121,7 @@ def cpu_features() -> CpuFeatures:
     given = os.environ.get(ENV_CPU_FLAGS)
     if given is not None and given.strip():
         return features_from_flags(given, _machine())
-    return _detected()
+    return detected_features()
 
 
 def _machine() -> str:
@@ -129,7 +129,8 @@ def _machine() -> str:
 
 
 @functools.cache
-def _detected() -> CpuFeatures:
+def detected_features() -> CpuFeatures:
+    """This machine's features as archspec reads them, whatever ``LPQ_CPU_FLAGS`` says."""
     try:
         from archspec.cpu.detect import detected_info
 

@@ -31,6 +31,15 @@ class TensorConfig:
     #: Extra knobs a capability allows, e.g. ``{"block_size": 32}`` for int4 weight-only.
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
+    @property
+    def reduce_range(self) -> bool:
+        """The ``reduce_range`` knob: one bit less for the values (7-bit int8 weights, for
+        x86 CPUs without VNNI). CLI spellings (``"true"``, ``"on"``, ...) count."""
+        value = self.options.get("reduce_range", False)
+        if isinstance(value, str):
+            return value.strip().lower() in ("true", "yes", "on", "1")
+        return bool(value)
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "dtype": self.dtype,

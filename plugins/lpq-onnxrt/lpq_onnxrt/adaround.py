@@ -28,6 +28,8 @@ import numpy as np
 
 from lpq import OpConfig
 
+from .qrange import weight_qmax
+
 if TYPE_CHECKING:
     import onnx
 
@@ -35,7 +37,6 @@ log = logging.getLogger(__name__)
 
 _ROWS_PER_FEED = 256
 _MAX_ROWS = 4096
-_QMAX = 127
 _ZETA, _GAMMA = 1.1, -0.1  # rectified sigmoid stretch (the paper's values)
 
 
@@ -46,6 +47,7 @@ class _Layer:
     groups: int
     axis: int | None  # per-channel axis of the ORT weight (0 for conv/gemm-transB, 1 matmul)
     kind: str  # conv | matmul | gemm
+    qmax: int  # largest integer code ORT gives this weight (127, or 64 with reduce_range)
 
 
 def rectified_sigmoid(v: np.ndarray) -> np.ndarray:
@@ -59,6 +61,7 @@ def learn_rounding(
     iterations: int,
     seed: int = 0,
     reg: float = 0.01,
+    qmax: int = 127,
 ) -> np.ndarray:
     """Integer weights (``w / scale`` rounded up or down) minimizing the output error.
 
@@ -102,22 +105,22 @@ def learn_rounding(
         s2 = b2 * s2 + (1 - b2) * grad**2
         v -= lr * (m / (1 - b1**step)) / (np.sqrt(s2 / (1 - b2**step)) + 1e-8)
     hard = (rectified_sigmoid(v) >= 0.5).astype(w.dtype)
-    learned = np.clip(base + hard, -_QMAX, _QMAX)
+    learned = np.clip(base + hard, -qmax, qmax)
     # The largest weights keep their nearest value: ORT derives the scale from them.
-    return np.where(np.abs(w / scale) >= _QMAX - 0.5, np.round(w / scale), learned)
+    return np.where(np.abs(w / scale) >= qmax - 0.5, np.round(w / scale), learned)
 
 
 def _output_error(x: np.ndarray, w: np.ndarray, wq: np.ndarray) -> float:
     return float(np.mean((np.einsum("ngk,gok->ngo", x, wq - w)) ** 2))
 
 
-def _scale(w: np.ndarray, axis: int | None) -> np.ndarray:
+def _scale(w: np.ndarray, axis: int | None, qmax: int) -> np.ndarray:
     if axis is None:
         peak = np.abs(w).max()
     else:
         others = tuple(i for i in range(w.ndim) if i != axis)
         peak = np.abs(w).max(axis=others, keepdims=True)
-    return np.where(peak > 0, peak / _QMAX, 1.0).astype(np.float32)
+    return np.where(peak > 0, peak / qmax, 1.0).astype(np.float32)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -148,15 +151,16 @@ def _layers(model: onnx.ModelProto, ops: Mapping[str, OpConfig]) -> list[_Layer]
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         per_channel = cfg.weight.granularity == "per_channel"
+        qmax = weight_qmax(cfg.weight)
         if node.op_type == "Conv" and w.ndim == 4:
-            found.append(
-                _Layer(node, w, int(_attr(node, "group", 1)), 0 if per_channel else None, "conv")
-            )
+            groups = int(_attr(node, "group", 1))
+            found.append(_Layer(node, w, groups, 0 if per_channel else None, "conv", qmax))
         elif node.op_type == "MatMul" and w.ndim == 2:
-            found.append(_Layer(node, w, 1, 1 if per_channel else None, "matmul"))
+            found.append(_Layer(node, w, 1, 1 if per_channel else None, "matmul", qmax))
         elif node.op_type == "Gemm" and w.ndim == 2 and not _attr(node, "transA", 0):
             trans = bool(_attr(node, "transB", 0))
-            found.append(_Layer(node, w, 1, (0 if trans else 1) if per_channel else None, "gemm"))
+            axis = (0 if trans else 1) if per_channel else None
+            found.append(_Layer(node, w, 1, axis, "gemm", qmax))
     return found
 
 
@@ -248,11 +252,11 @@ def adaround_model(
         order = rng.permutation(len(x))
         train, hold = x[order[:split]], x[order[split:]] if len(x) > split else x[order[:split]]
         shape = layer.weight.shape
-        scale_full = _scale(layer.weight, layer.axis)
+        scale_full = _scale(layer.weight, layer.axis, layer.qmax)
         w = _grouped(layer, layer.weight)
         scale = _grouped(layer, np.broadcast_to(scale_full, shape).astype(np.float32))
-        nearest = np.clip(np.round(w / scale), -_QMAX, _QMAX) * scale
-        learned = learn_rounding(w, scale, train, iterations) * scale
+        nearest = np.clip(np.round(w / scale), -layer.qmax, layer.qmax) * scale
+        learned = learn_rounding(w, scale, train, iterations, qmax=layer.qmax) * scale
         if _output_error(hold, w, learned) < _output_error(hold, w, nearest):
             new = _ungrouped(layer, learned.astype(np.float32), shape)
             for index, init in enumerate(model.graph.initializer):

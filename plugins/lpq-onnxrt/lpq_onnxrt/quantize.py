@@ -614,14 +614,9 @@ def _per_channel(cfg: OpConfig) -> bool:
 
 
 def _reduce_range(tensor: TensorConfig | None) -> bool:
-    """The capability's ``reduce_range`` knob (it reaches the adaptor in the tensor's
-    ``options``): ORT's 7-bit weights ([-64, 64] signed, [0, 127] unsigned)."""
-    if tensor is None:
-        return False
-    value = tensor.options.get("reduce_range", False)
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    return bool(value)
+    """The capability's ``reduce_range`` knob: ORT's 7-bit weights ([-64, 64] signed,
+    [0, 127] unsigned)."""
+    return tensor is not None and tensor.reduce_range
 
 
 # --------------------------------------------------------------------------- dynamic

@@ -30,6 +30,8 @@ import numpy as np
 
 from lpq import ConfigError, OpConfig
 
+from .qrange import weight_qmax
+
 if TYPE_CHECKING:
     import onnx
 
@@ -152,11 +154,13 @@ def channel_statistics(
     return {n: {"mean": sums[n] / counts[n], "absmax": peaks[n]} for n in sums}
 
 
-def fake_quant_weight(weight: np.ndarray, axis: int | None, bits: int = 8) -> np.ndarray:
+def fake_quant_weight(
+    weight: np.ndarray, axis: int | None, bits: int = 8, qmax: int | None = None
+) -> np.ndarray:
     """Symmetric signed quantize-dequantize as ORT does it for weights: range
-    ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]``, round half to even; per channel along
-    ``axis`` (None: per tensor)."""
-    qmax = 2 ** (bits - 1) - 1
+    ``[-qmax, qmax]`` (default ``2**(bits-1) - 1``; 64 for ORT's 7-bit ``reduce_range``),
+    round half to even; per channel along ``axis`` (None: per tensor)."""
+    qmax = qmax if qmax is not None else 2 ** (bits - 1) - 1
     if axis is None:
         peak = np.abs(weight).max()
     else:
@@ -292,7 +296,8 @@ def bias_correction(
     if feeds is None:
         raise ConfigError("bias_correction needs calibration data (per-channel input means)")
     readers = _readers(model)
-    targets: list[tuple[onnx.NodeProto, str, int | None, str]] = []  # node, bias, axis, kind
+    # node, bias, axis, kind, the weight's largest integer code
+    targets: list[tuple[onnx.NodeProto, str, int | None, str, int]] = []
     for node in model.graph.node:
         cfg = ops.get(node.name)
         if cfg is None or not cfg.quantized or cfg.weight is None or cfg.weight.dtype != "int8":
@@ -304,7 +309,9 @@ def bias_correction(
             continue
         per_channel = cfg.weight.granularity == "per_channel"
         if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] and _group(node) == 1:
-            targets.append((node, node.input[2], 0 if per_channel else None, "conv"))
+            targets.append(
+                (node, node.input[2], 0 if per_channel else None, "conv", weight_qmax(cfg.weight))
+            )
         elif node.op_type == "MatMul" and weight.ndim == 2:
             users = readers.get(node.output[0], [])
             if len(users) == 1 and users[0].op_type == "Add":
@@ -312,17 +319,18 @@ def bias_correction(
                 bias = next((i for i in add.input if i != node.output[0]), "")
                 b = _array(model, bias)
                 if b is not None and b.shape == (weight.shape[1],):
-                    targets.append((node, bias, 1 if per_channel else None, "matmul"))
+                    axis = 1 if per_channel else None
+                    targets.append((node, bias, axis, "matmul", weight_qmax(cfg.weight)))
     targets = [t for t in targets if _use_count(model, t[1]) == 1]
     if not targets:
         return model
     axes = {t[0].input[0]: (1 if t[3] == "conv" else -1) for t in targets}
     stats = channel_statistics(model, axes, feeds())
-    for node, bias_name, axis, kind in targets:
+    for node, bias_name, axis, kind, qmax in targets:
         weight = _array(model, node.input[1])
         bias = _array(model, bias_name)
         assert weight is not None and bias is not None
-        error = fake_quant_weight(weight, axis) - weight
+        error = fake_quant_weight(weight, axis, qmax=qmax) - weight
         mean = stats[node.input[0]]["mean"]
         if kind == "conv":
             shift = error.reshape(error.shape[0], error.shape[1], -1).sum(axis=-1) @ mean

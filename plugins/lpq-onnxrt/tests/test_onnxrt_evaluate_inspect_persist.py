@@ -89,6 +89,8 @@ def test_session_options_come_from_the_tune_cfg(pm, qmodel, eval_loader):
         pm.evaluate(FW, qmodel, eval_loader, [TopK(1)])
 
 
+# Plans 8-bit weights (a VNNI CPU's default): the half-step bound below is for them.
+@pytest.mark.cpu_flags("avx2 avx512bw avx512_vnni")
 def test_inspect_fp32_and_quantized_by_fp32_names(pm, lpq_sample_model, qmodel, eval_loader):
     names = ["conv1", "conv2", "fc1"]
     fp32 = pm.inspect_tensor(FW, lpq_sample_model, eval_loader, names, "both", 2)

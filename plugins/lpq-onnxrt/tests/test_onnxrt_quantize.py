@@ -448,11 +448,11 @@ def _weight_codes(model: Any) -> list[np.ndarray]:
     ]
 
 
-def _reduce_range(cfg: lpq.TuneConfig) -> lpq.TuneConfig:
-    """``cfg`` with the capability's ``reduce_range`` knob on for every weight."""
+def _reduce_range(cfg: lpq.TuneConfig, on: bool = True) -> lpq.TuneConfig:
+    """``cfg`` with the capability's ``reduce_range`` knob on (or off) for every weight."""
     changed = {
         key: replace(
-            op, weight=replace(op.weight, options={**op.weight.options, "reduce_range": True})
+            op, weight=replace(op.weight, options={**op.weight.options, "reduce_range": on})
         )
         for key, op in cfg.ops.items()
         if op.weight is not None
@@ -472,14 +472,14 @@ def test_reduce_range_quantizes_weights_to_7_bits(
     cap = pm.query_capability(FW, model, data, {})
     base = _cfg(cap, mode, quant_format=fmt)
     assert any(op.weight is not None for op in base.ops.values())
-    full = _weight_codes(pm.quantize(FW, model, base, data))
+    full = _weight_codes(pm.quantize(FW, model, _reduce_range(base, on=False), data))
     reduced_model = pm.quantize(FW, model, _reduce_range(base), data)
     reduced = _weight_codes(reduced_model)
     assert full and len(reduced) == len(full)
     # 8-bit symmetric weights reach +-127; ORT's reduce_range keeps them in [-64, 64].
     assert max(int(np.abs(q.astype(np.int32)).max()) for q in full) == 127
     assert max(int(np.abs(q.astype(np.int32)).max()) for q in reduced) <= 64
-    # The 7-bit model still runs and stays accurate.
+    # The 7-bit model still runs and stays accurate (on every x86 CPU: no saturation).
     fp32 = _accuracy(pm, model, eval_loader)
     assert _accuracy(pm, reduced_model, eval_loader) >= fp32 - 0.03
 
