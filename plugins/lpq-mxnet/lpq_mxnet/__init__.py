@@ -3,3 +3,5 @@
 Importing this package imports no MXNet: the hooks in :mod:`lpq_mxnet.plugin` load the
 framework only when a model of theirs is handled.
 """
+
+__version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""lpq_query_fw_capability and lpq_query_fused_patterns, read from the fused graph.
+"""The capability of a concrete model (lpq_query_fw_capability) and its fused patterns
+(lpq_query_fused_patterns), read from the fused graph.
 
 The capability YAML (plus any files in ``options["capability_files"]``) is loaded for the
 installed MXNet version and paired with the model's tunable ops: one per oneDNN fusion
@@ -17,15 +18,15 @@ from lpq import FrameworkCapability, installed_version, load_capability
 
 from . import data
 from .graph import fused_types
-from .plugin import FRAMEWORK, capability_file
-from .quantize import fp32_graph
+from .info import FRAMEWORK, capability_files
+from .model_io import fp32_graph
 
 
 def _capability_files(options: dict[str, Any]) -> list[Path]:
     extra = options.get("capability_files") or []
     if isinstance(extra, str | os.PathLike):
         extra = [extra]
-    return [capability_file(), *(Path(p) for p in extra)]
+    return [*capability_files(), *(Path(p) for p in extra)]
 
 
 def _example(dataloader: Iterable[Any] | None) -> Any:
@@ -35,7 +36,7 @@ def _example(dataloader: Iterable[Any] | None) -> Any:
     return first
 
 
-def query(
+def query_capability(
     model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
 ) -> FrameworkCapability:
     graph = fp32_graph(model, _example(dataloader))

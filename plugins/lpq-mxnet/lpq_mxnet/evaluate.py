@@ -17,7 +17,7 @@ from lpq import EvalResult, LatencyMeasurer, Metric
 
 from . import data
 from .framework import mxnet
-from .model import info_of, to_graph
+from .model_io import info_of, to_graph
 
 
 def runnable(model: Any, example: Any) -> tuple[Any, list[str]]:

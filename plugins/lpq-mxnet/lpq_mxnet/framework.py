@@ -16,11 +16,7 @@ from typing import Any
 
 import lpq
 
-#: What to run in a fresh environment to get a working MXNet for this adaptor.
-INSTALL_HINT = (
-    "install MXNet in its own virtual environment: pip install 'lpq-mxnet[mxnet]' "
-    "(mxnet 1.9.1 with numpy<1.24; it cannot share an environment with numpy 2)"
-)
+from .info import INSTALL_HINT
 
 _mx: Any = None
 

@@ -1,4 +1,5 @@
-"""lpq_inspect_tensor and lpq_quantized_ops: what a model computes and runs, per fp32 op.
+"""lpq_inspect_tensor: what a model computes, per fp32 op (what it runs in which precision
+is :mod:`lpq_mxnet.precision`).
 
 An op's activation is the output of its oneDNN fusion group (a Convolution's is taken
 after the BatchNorm / ReLU / residual add fused with it), in the fp32 and the quantized
@@ -26,7 +27,7 @@ from lpq import Inspection, ModelError, split_batch
 from . import data
 from .framework import mxnet
 from .graph import Group, group_of, groups
-from .model import Graph, ModelInfo, to_graph
+from .model_io import Graph, ModelInfo, to_graph
 
 
 @dataclass(frozen=True)
@@ -54,33 +55,6 @@ def inspect_tensor(
     if kind in ("activation", "both"):
         result.activations = _activations(graph, names, items, iteration)
     return result
-
-
-def quantized_ops(model: Any) -> dict[str, str]:
-    """fp32 op name -> precision it runs in, read from the model's graph."""
-    graph = to_graph(model)
-    precision = graph.info.precision if graph.info is not None else "fp32"
-    ops = graph.tunable_ops()
-    if precision == "bf16":
-        dtypes = _output_dtypes(graph)
-        return {
-            name: "bf16" if "bfloat16" in str(dtypes.get(f"{name}_output")) else "fp32"
-            for name, _ in ops
-        }
-    if precision != "int8":
-        return {name: "fp32" for name, _ in ops}
-    found = groups(graph.json())
-    result = {}
-    for name, _ in ops:
-        group = group_of(found, name)
-        result[name] = "int8" if group is not None and group.quantized else "fp32"
-    return result
-
-
-def _output_dtypes(graph: Graph) -> dict[str, Any]:
-    internals = graph.symbol.get_internals()
-    _, out_types, _ = internals.infer_type(**{n: "float32" for n in graph.input_names})
-    return dict(zip(internals.list_outputs(), out_types or []))
 
 
 def _taps(graph: Graph, names: Sequence[str]) -> dict[str, Tap]:

@@ -34,7 +34,7 @@ def plugin_error_message(code: str) -> str:
 def test_registering_and_detecting_import_no_mxnet() -> None:
     code = (
         "import sys, lpq\n"
-        "import lpq_mxnet.plugin as p\n"
+        "from lpq_mxnet.plugin import plugin as p\n"
         "seen = []\n"
         "p.lpq_register_adaptors(seen.append)\n"
         "assert seen[0].framework == 'mxnet', seen\n"

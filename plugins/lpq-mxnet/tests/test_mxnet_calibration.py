@@ -7,7 +7,7 @@ import pytest
 
 import lpq
 from lpq_mxnet.calibration import ALGORITHMS, Stats, tensor_range
-from lpq_mxnet.plugin import capability_file
+from lpq_mxnet.info import capability_files
 
 
 def streamed(batches: list[np.ndarray], histogram: bool = True) -> Stats:
@@ -27,7 +27,7 @@ def outliers() -> list[np.ndarray]:
 
 
 def test_the_yaml_declares_exactly_the_registered_algorithms() -> None:
-    spec = lpq.load_capability([capability_file()], "mxnet", "1.9.1")
+    spec = lpq.load_capability(capability_files(), "mxnet", "1.9.1")
     used = {
         cfg.activation.algorithm
         for op_type in spec.quantizable_op_types()

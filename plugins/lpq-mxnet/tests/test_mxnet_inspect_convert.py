@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq_mxnet.model import info_of
+from lpq_mxnet.model_io import info_of
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 import lpq
 from lpq_mxnet.graph import graph_json, group_of, groups
-from lpq_mxnet.model import info_of
+from lpq_mxnet.model_io import info_of
 
 
 def tune_cfg(cap: Any, samples: int = 200, **activation: Any) -> lpq.TuneConfig:
@@ -153,7 +153,7 @@ def test_mixed_fully_connected_granularity_uses_per_channel(
     dense0 = ("digits_dense0_fwd", "FullyConnected")
     weight = replace(cfg.ops[dense0].weight, granularity="per_channel")
     cfg = cfg.with_ops({dense0: replace(cfg.ops[dense0], weight=weight)})
-    with caplog.at_level(logging.WARNING, logger="lpq_mxnet.quantize"):
+    with caplog.at_level(logging.WARNING, logger="lpq_mxnet.passes.static"):
         qnet = pm.quantize("mxnet", digits_cnn, cfg, calib_loader)
     assert "one weight granularity to every FullyConnected" in caplog.text
     for name in ("digits_dense0_fwd", "digits_dense1_fwd"):

@@ -15,7 +15,7 @@ from lpq import ModelError
 
 from .framework import mxnet
 from .graph import op_nodes
-from .model import ModelInfo
+from .model_io import ModelInfo, fp32_graph
 
 
 def bf16_op_types() -> list[str]:
@@ -26,20 +26,23 @@ def bf16_op_types() -> list[str]:
     return list(amp.list_lp16_ops(bfloat16))
 
 
-def convert(
+def cast_lowp(
     model: Any, op_names: Sequence[str], dtype: str, tune_cfg: dict[str, Any] | None = None
 ) -> Any:
-    """A new block running ``op_names`` of the fp32 ``model`` in bf16."""
+    """A new block running ``op_names`` of the fp32 ``model`` in bf16.
+
+    :param tune_cfg: the JSON of the tune_cfg this comes from, kept with the block.
+    :raises lpq.ModelError: fp16, an unknown op or an op type without a bf16 kernel.
+    """
     mxnet()
     from mxnet.contrib import amp
-
-    from .quantize import fp32_graph
 
     if dtype != "bf16":
         raise ModelError(
             f"MXNet has no {dtype} kernels on CPU",
             hint="use bf16 (oneDNN) or keep the ops in fp32",
         )
+
     graph = fp32_graph(model)
     types = dict(op_nodes(graph.json()))
     supported = bf16_op_types()

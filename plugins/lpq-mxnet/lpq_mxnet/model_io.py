@@ -1,15 +1,20 @@
-"""Every model lpq-mxnet accepts, as one form: a symbol, its parameters, its input names.
+"""User input -> prepared model: every model lpq-mxnet accepts, as one form (a symbol, its
+parameters, its input names).
 
 Accepted: a Gluon ``HybridBlock`` (traced with symbolic inputs, which neither hybridizes
 nor otherwise changes it), an exported ``PREFIX-symbol.json`` + ``PREFIX-NNNN.params``
-pair (named by either file or the prefix), and the blocks lpq-mxnet itself returns. The
-latter carry a :class:`ModelInfo` (attribute ``lpq_mxnet``) with the graph they run, so
-inspection, saving and op reports read the converted graph itself.
+pair (named by either file or the prefix; see :mod:`lpq_mxnet.info` for the layout), and
+the blocks lpq-mxnet itself returns. The latter carry a :class:`ModelInfo` (attribute
+``lpq_mxnet``) with the graph they run, so inspection, saving and op reports read the
+converted graph itself. Reading an export (with lpq-mxnet's metadata file, checked
+against the params file) is here too; writing one is :mod:`lpq_mxnet.persist`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,9 +26,10 @@ from lpq import DataError, LpqError, ModelError
 from . import data
 from . import graph as graphs
 from .framework import mxnet, quiet
+from .info import INFO_ATTR, find_export
 
-#: Attribute holding the :class:`ModelInfo` of blocks lpq-mxnet returns.
-INFO_ATTR = "lpq_mxnet"
+#: The ``format`` of lpq-mxnet's metadata file (``PREFIX-lpq.json``).
+META_FORMAT = "lpq-mxnet/1"
 
 
 @dataclass
@@ -135,8 +141,6 @@ def to_graph(model: Any, example: Any = None) -> Graph:
     :raises lpq.ModelError: for anything else, naming what was given and what to pass.
     """
     if isinstance(model, str | Path):
-        from .persist import read_export
-
         return read_export(model)
     mx = mxnet()
     info = info_of(model)
@@ -160,6 +164,19 @@ def to_graph(model: Any, example: Any = None) -> Graph:
         hint="pass a gluon.HybridBlock, or PREFIX-symbol.json / PREFIX-NNNN.params from "
         "HybridBlock.export(PREFIX)",
     )
+
+
+def fp32_graph(model: Any, example: Any = None) -> Graph:
+    """``model`` as a graph (see :func:`to_graph`), refusing one already quantized."""
+    graph = to_graph(model, example)
+    if (graph.info is not None and graph.info.precision != "fp32") or graphs.is_quantized(
+        graph.json()
+    ):
+        raise ModelError(
+            "the model is already quantized (or converted to bf16)",
+            hint="pass the fp32 model: lpq quantizes from fp32",
+        )
+    return graph
 
 
 def block_params(block: Any, symbol: Any) -> dict[str, Any]:
@@ -276,3 +293,68 @@ def _layer_stack(block: Any) -> Iterator[list[str]]:
     finally:
         for handle in handles:
             handle.detach()
+
+
+def read_export(path: str | Path) -> Graph:
+    """An export on disk as a :class:`Graph` (with its lpq metadata when present)."""
+    mx = mxnet()
+    found = find_export(path)
+    if found is None:
+        raise ModelError(
+            f"{path} is not an MXNet model: no PREFIX-symbol.json there",
+            hint="pass PREFIX-symbol.json, PREFIX-NNNN.params or PREFIX, as written by "
+            "HybridBlock.export(PREFIX) or lpq",
+        )
+    if found.params is None:
+        raise ModelError(
+            f"{found.symbol} has no parameter file beside it",
+            hint=f"put {found.prefix.name}-0000.params (from HybridBlock.export) next to it",
+        )
+    meta = _read_meta(found.meta, found.params)
+    try:
+        symbol = mx.sym.load(str(found.symbol))
+        params = mx.nd.load(str(found.params))
+    except mx.base.MXNetError as exc:
+        raise ModelError(
+            f"cannot read the MXNet model {found.symbol}: {str(exc).splitlines()[0][:300]}",
+            hint="re-export it with HybridBlock.export",
+        ) from exc
+    if not isinstance(params, dict) or not all(k[:4] in ("arg:", "aux:") for k in params):
+        raise ModelError(
+            f"{found.params} does not hold arg:/aux: parameters",
+            hint="use the .params file HybridBlock.export wrote (not save_parameters)",
+        )
+    if meta is not None:
+        names = list(meta["inputs"])
+    else:
+        known = {k[4:] for k in params}
+        names = [n for n in symbol.list_inputs() if n not in known]
+    graph = Graph(symbol, params, names)
+    if meta is not None:
+        ops = [(str(name), str(op_type)) for name, op_type in meta["ops"]]
+        graph.info = ModelInfo(symbol, names, meta["precision"], ops, meta.get("tune_cfg"))
+    elif graphs.is_quantized(graph.json()):  # someone's quantized export: its own fused graph
+        graph.info = ModelInfo(symbol, names, "int8", graphs.tunable_ops(graph.json()))
+    return graph
+
+
+def _read_meta(meta: Path, params: Path) -> dict[str, Any] | None:
+    if not meta.is_file():
+        return None
+    try:
+        content: dict[str, Any] = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {meta}: {exc}", hint="save the model again") from exc
+    if content.get("format") != META_FORMAT:
+        raise ModelError(
+            f"{meta} is not an lpq-mxnet file (format {content.get('format')!r})",
+            hint="save the model again with this version of lpq-mxnet",
+        )
+    digest = hashlib.sha256(params.read_bytes()).hexdigest()
+    if digest != content.get("params_sha256"):
+        raise ModelError(
+            f"{params} does not belong to {meta} (an interrupted save, or files from "
+            "two different saves)",
+            hint="save the model again",
+        )
+    return content

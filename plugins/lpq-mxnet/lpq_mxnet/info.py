@@ -1,15 +1,36 @@
-"""Exported MXNet models on disk: ``PREFIX-symbol.json`` + ``PREFIX-NNNN.params``.
+"""What lpq knows about the MXNet adaptor before MXNet is imported.
 
-This is what ``HybridBlock.export(PREFIX, epoch)`` writes and what lpq-mxnet saves (plus
-``PREFIX-lpq.json`` with the tune_cfg). Users may name the symbol file, the params file or
-the bare prefix. Everything here is framework-free: detection must not import MXNet.
+A leaf module: the framework name, the distribution that provides MXNet, the capability
+file, the layout of exported models on disk and the sniffing that recognises an MXNet
+model. It imports nothing of ``lpq_mxnet`` and never imports MXNet, so registration and
+detection (``lpq plugins list``, ``lpq_detect_framework``) stay cheap; every other module
+may import it.
+
+Exported models are what ``HybridBlock.export(PREFIX, epoch)`` writes and what lpq-mxnet
+saves: ``PREFIX-symbol.json`` + ``PREFIX-NNNN.params`` (plus ``PREFIX-lpq.json`` with the
+tune_cfg). Users may name the symbol file, the params file or the bare prefix.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Any
+
+FRAMEWORK = "mxnet"
+#: The distribution that provides the ``mxnet`` package.
+DISTRIBUTION = "mxnet"
+#: What to run in a fresh environment to get a working MXNet for this adaptor.
+INSTALL_HINT = (
+    "install MXNet in its own virtual environment: pip install 'lpq-mxnet[mxnet]' "
+    "(mxnet 1.9.1 with numpy<1.24; it cannot share an environment with numpy 2)"
+)
+#: Attribute holding the ``ModelInfo`` of the blocks lpq-mxnet returns (see
+#: :mod:`lpq_mxnet.model_io`).
+INFO_ATTR = "lpq_mxnet"
 
 SYMBOL_SUFFIX = "-symbol.json"
 PARAMS_SUFFIX = ".params"
@@ -106,3 +127,25 @@ def _latest_params(prefix: Path) -> Path | None:
             if best is None or epoch > best[0]:
                 best = (epoch, candidate)
     return best[1] if best else None
+
+
+def capability_files() -> list[Path]:
+    """The capability YAML shipped in this package."""
+    return [Path(str(resources.files("lpq_mxnet").joinpath("capabilities", "mxnet.yaml")))]
+
+
+def detect(model: Any) -> bool:
+    """True for an MXNet symbol file / export prefix and for a Gluon block.
+
+    Cheap and never raises: a path is sniffed by its first bytes; a Gluon block can only
+    exist if ``mxnet`` is imported already, so ``sys.modules`` is asked instead of
+    importing it.
+    """
+    try:
+        if isinstance(model, str | Path):
+            return find_export(model) is not None
+        mx = sys.modules.get("mxnet")
+        gluon = getattr(mx, "gluon", None) if mx is not None else None
+        return gluon is not None and isinstance(model, gluon.Block)
+    except Exception:  # detection must never raise for a foreign model
+        return False
