@@ -15,9 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from lpq import DataError, split_batch, take_samples
+from lpq import DataError, ModelError, split_batch, take_samples
 
 from .framework import mxnet
+from .info import INFO_ATTR
+
+#: How oneDNN says it has no kernel for an op on this CPU (bf16 without AVX-512 BF16).
+NO_KERNEL_MESSAGE = "could not create a primitive descriptor"
 
 
 def num_inputs(inputs: Any) -> int:
@@ -129,14 +133,33 @@ def calibration_iter(arrays: Sequence[np.ndarray], names: Sequence[str]) -> Any:
 
 def run(block: Any, inputs: Sequence[Any]) -> Any:
     """``block(*inputs)`` with the engine drained, an MXNet failure turned into a DataError
-    (inputs that do not fit the model are the common cause)."""
+    (inputs that do not fit the model are the common cause), except oneDNN finding no
+    kernel for a bf16 model: a ModelError about the CPU."""
     mx = mxnet()
     try:
         out = block(*inputs)
         mx.nd.waitall()
     except mx.base.MXNetError as exc:
+        if NO_KERNEL_MESSAGE in str(exc) and _precision(block) == "bf16":
+            raise no_bf16_kernel(exc) from exc
         raise misfit(inputs, exc) from exc
     return out
+
+
+def _precision(block: Any) -> str | None:
+    """The precision of a block lpq-mxnet built (its ``ModelInfo``), else ``None``."""
+    return getattr(getattr(block, INFO_ATTR, None), "precision", None)
+
+
+def no_bf16_kernel(exc: Exception) -> ModelError:
+    reason = next((line.strip() for line in str(exc).splitlines() if "Error" in line), str(exc))
+    return ModelError(
+        f"oneDNN has no bf16 kernel for this model on this CPU (it needs AVX-512 BF16 or "
+        f"AMX): {reason[:300]}",
+        hint="keep the model in fp32 (or quantize it to int8), or run the bf16 model on a "
+        "CPU with AVX-512 BF16 or AMX; LPQ_CPU_FLAGS may be claiming features this CPU "
+        "lacks",
+    )
 
 
 def misfit(inputs: Sequence[Any], exc: Exception) -> DataError:

@@ -109,7 +109,8 @@ def _activations(
     wanted = list(dict.fromkeys(wanted))
     outputs = mx.sym.Group([internals[t] for t in wanted])
     probe = Graph(outputs, graph.params, graph.input_names)
-    block = probe.block(ModelInfo(outputs, list(graph.input_names)), fuse=False)
+    precision = graph.info.precision if graph.info is not None else "fp32"
+    block = probe.block(ModelInfo(outputs, list(graph.input_names), precision), fuse=False)
     captured: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for done, item in enumerate(items):
         if iteration is not None and done >= iteration:

@@ -4,6 +4,11 @@ MXNet's AMP pass (``amp.convert_symbol``) inserts the casts around the chosen op
 parameters stay fp32 in the model and are cast by the graph. MXNet 1.9 has bf16 CPU
 kernels for Convolution and FullyConnected only (``amp.list_lp16_ops``) and no fp16 CPU
 kernels, so anything else is refused with a ModelError.
+
+oneDNN's bf16 kernels need a CPU with AVX-512 BF16 or AMX-BF16. Without them MXNet fails
+only when the model first runs ("could not create a primitive descriptor iterator"), so
+the CPU is checked before converting: :func:`lpq.cpu_features` (which ``LPQ_CPU_FLAGS``
+overrides, to plan for another CPU) must list ``avx512_bf16`` or ``amx_bf16``.
 """
 
 from __future__ import annotations
@@ -11,11 +16,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import lpq
 from lpq import ModelError
 
 from .framework import mxnet
 from .graph import op_nodes
 from .model_io import ModelInfo, fp32_graph
+
+#: CPU flags (archspec's names) that give oneDNN bf16 kernels; any one is enough.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+#: What to do on a CPU without them.
+NO_BF16_HINT = (
+    "keep the model in fp32 (or quantize it to int8), or run on a CPU with AVX-512 BF16 "
+    "or AMX (Intel Cooper Lake / Sapphire Rapids or later, AMD Zen 4 or later); MXNet has "
+    "no fp16 CPU kernels either"
+)
+
+
+def check_bf16_cpu() -> None:
+    """:raises lpq.ModelError: the CPU lpq plans for has no bf16 kernels for MXNet."""
+    features = lpq.cpu_features()
+    if features.flags & set(BF16_CPU_FLAGS):
+        return
+    raise ModelError(
+        f"this CPU has no bf16 kernels for MXNet: oneDNN needs "
+        f"{' or '.join(BF16_CPU_FLAGS)}, which the CPU does not have (flags from "
+        f"{features.source})",
+        hint=NO_BF16_HINT,
+    )
 
 
 def bf16_op_types() -> list[str]:
@@ -32,7 +60,8 @@ def cast_lowp(
     """A new block running ``op_names`` of the fp32 ``model`` in bf16.
 
     :param tune_cfg: the JSON of the tune_cfg this comes from, kept with the block.
-    :raises lpq.ModelError: fp16, an unknown op or an op type without a bf16 kernel.
+    :raises lpq.ModelError: fp16, a CPU without bf16 kernels, an unknown op or an op type
+        without a bf16 kernel.
     """
     mxnet()
     from mxnet.contrib import amp
@@ -42,6 +71,7 @@ def cast_lowp(
             f"MXNet has no {dtype} kernels on CPU",
             hint="use bf16 (oneDNN) or keep the ops in fp32",
         )
+    check_bf16_cpu()
 
     graph = fp32_graph(model)
     types = dict(op_nodes(graph.json()))

@@ -1,7 +1,14 @@
-"""lpq_inspect_tensor (fp32 vs int8, per op) and lpq_convert_bf16."""
+"""lpq_inspect_tensor (fp32 vs int8, per op) and lpq_convert_bf16.
+
+bf16 needs a CPU with AVX-512 BF16 or AMX-BF16 (oneDNN's bf16 kernels), and lpq-mxnet
+refuses it where ``lpq.cpu_features()`` lists neither. The suite plans for an AVX2 CPU
+(``LPQ_CPU_FLAGS``), so the bf16 tests plan for a bf16 CPU explicitly; the one that runs
+a bf16 model is skipped where the real CPU lacks the kernels.
+"""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -9,6 +16,35 @@ import pytest
 
 import lpq
 from lpq_mxnet.model_io import info_of
+
+#: A CPU with oneDNN bf16 kernels, as LPQ_CPU_FLAGS names it.
+BF16_CPU_FLAGS = "avx2 avx512bw avx512_bf16"
+
+
+def real_cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags as archspec reads them, whatever LPQ_CPU_FLAGS says."""
+    try:
+        from archspec.cpu.detect import detected_info
+
+        return frozenset(detected_info().features)
+    except Exception:  # an unknown platform: no flags
+        return frozenset()
+
+
+@pytest.fixture
+def bf16_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan for a CPU with bf16 kernels (enough for tests that do not run the model)."""
+    monkeypatch.setenv("LPQ_CPU_FLAGS", BF16_CPU_FLAGS)
+
+
+@pytest.fixture
+def bf16_cpu(bf16_plan: None) -> None:
+    """Plan for a bf16 CPU and run on one: skipped where this CPU has no bf16 kernels."""
+    if not real_cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        pytest.skip(
+            "needs a CPU with AVX-512 BF16 or AMX-BF16 (archspec finds neither here): "
+            "MXNet's oneDNN has no bf16 kernels on this CPU"
+        )
 
 
 @pytest.fixture
@@ -75,7 +111,7 @@ def test_inspecting_an_unknown_op_is_a_model_error(
 
 
 def test_bf16_runs_chosen_convolutions_in_bf16(
-    pm: Any, digits_cnn: Any, eval_loader: Any, top1: Any
+    pm: Any, digits_cnn: Any, eval_loader: Any, top1: Any, bf16_cpu: None
 ) -> None:
     chosen = ["digits_conv0_fwd", "digits_dense0_fwd"]
     model = pm.convert_bf16("mxnet", digits_cnn, chosen, "bf16")
@@ -91,14 +127,18 @@ def test_bf16_runs_chosen_convolutions_in_bf16(
         assert 0 < np.linalg.norm(a - b) / np.linalg.norm(a) < 0.02  # bf16: 8 mantissa bits
 
 
-def test_bf16_refuses_ops_without_kernels_and_fp16(pm: Any, digits_cnn: Any) -> None:
+def test_bf16_refuses_ops_without_kernels_and_fp16(
+    pm: Any, digits_cnn: Any, bf16_plan: None
+) -> None:
     with pytest.raises(lpq.ModelError, match="no bf16 kernel for Pooling"):
         pm.convert_bf16("mxnet", digits_cnn, ["digits_pool0_fwd"], "bf16")
     with pytest.raises(lpq.ModelError, match="no fp16 kernels"):
         pm.convert_bf16("mxnet", digits_cnn, ["digits_conv0_fwd"], "fp16")
 
 
-def test_bf16_fallbacks_in_a_tune_cfg(pm: Any, digits_cnn: Any, calib_loader: Any) -> None:
+def test_bf16_fallbacks_in_a_tune_cfg(
+    pm: Any, digits_cnn: Any, calib_loader: Any, bf16_plan: None
+) -> None:
     conv0 = ("digits_conv0_fwd", "Convolution")
     only_bf16 = lpq.TuneConfig(ops={conv0: lpq.OpConfig.fallback("bf16")})
     model = pm.quantize("mxnet", digits_cnn, only_bf16, calib_loader)
@@ -111,3 +151,39 @@ def test_bf16_fallbacks_in_a_tune_cfg(pm: Any, digits_cnn: Any, calib_loader: An
     )
     with pytest.raises(lpq.ConfigError, match="cannot mix int8 and"):
         pm.quantize("mxnet", digits_cnn, mixed, calib_loader)
+
+
+def test_bf16_on_a_cpu_without_bf16_kernels_is_a_clear_model_error(
+    pm: Any, digits_cnn: Any, calib_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LPQ_CPU_FLAGS", "avx2")
+    with pytest.raises(lpq.ModelError, match="CPU has no bf16 kernels for MXNet") as raised:
+        pm.convert_bf16("mxnet", digits_cnn, ["digits_conv0_fwd"], "bf16")
+    assert "keep the model in fp32" in str(raised.value)
+    assert "AVX-512 BF16 or AMX" in str(raised.value)
+    conv0 = ("digits_conv0_fwd", "Convolution")
+    only_bf16 = lpq.TuneConfig(ops={conv0: lpq.OpConfig.fallback("bf16")})
+    with pytest.raises(lpq.ModelError, match="CPU has no bf16 kernels for MXNet"):
+        pm.quantize("mxnet", digits_cnn, only_bf16, calib_loader)
+
+
+def test_onednn_without_a_bf16_kernel_at_run_time_is_not_a_data_error() -> None:
+    """What MXNet raises when a bf16 model runs on a CPU without bf16 kernels (if the
+    check before converting was bypassed, e.g. by LPQ_CPU_FLAGS): a ModelError about
+    the CPU, not a complaint about the inputs' shape."""
+    import mxnet as mx
+
+    from lpq_mxnet.data import run
+    from lpq_mxnet.info import INFO_ATTR
+
+    def fails(*_inputs: Any) -> Any:
+        raise mx.base.MXNetError("MXNetError: could not create a primitive descriptor iterator")
+
+    block = type("Block", (), {"__call__": staticmethod(fails)})()
+    setattr(block, INFO_ATTR, SimpleNamespace(precision="bf16"))
+    inputs = [mx.nd.zeros((1, 1, 8, 8))]
+    with pytest.raises(lpq.ModelError, match="no bf16 kernel for this model on this CPU"):
+        run(block, inputs)
+    setattr(block, INFO_ATTR, SimpleNamespace(precision="fp32"))
+    with pytest.raises(lpq.DataError):
+        run(block, inputs)
