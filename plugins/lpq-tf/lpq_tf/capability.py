@@ -9,7 +9,7 @@ on int32), and dynamic mode for ops without a constant weight.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ import numpy as np
 
 import lpq
 
-from .model_io import Prepared
-from .plugin import FRAMEWORK, capability_file, tf_distribution
+from .info import FRAMEWORK, capability_files, installed_distribution
+from .model_io import Prepared, prepare
 
 #: Input index of the weight of ops that have one.
 _WEIGHT_INPUT = {
@@ -38,8 +38,8 @@ def _spec_for(files: tuple[Path, ...], version: str | None) -> lpq.CapabilitySpe
 def load_spec(options: Mapping[str, Any] | None = None) -> lpq.CapabilitySpec:
     """The capability spec for the installed TensorFlow (or a profile's own file)."""
     override = (options or {}).get("capability_file")
-    files = (Path(override),) if override else (capability_file(),)
-    return _spec_for(files, lpq.installed_version(tf_distribution()))
+    files = (Path(override),) if override else tuple(capability_files())
+    return _spec_for(files, lpq.installed_version(installed_distribution()))
 
 
 def quantizable_ops(
@@ -57,13 +57,25 @@ def quantizable_ops(
     ]
 
 
+def query_capability(
+    model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
+) -> lpq.FrameworkCapability:
+    """The ``lpq_query_fw_capability`` answer for any supported input.
+
+    The dataloader is not needed: what an op can take follows from its type and its
+    constant inputs in the float ``.tflite``.
+    """
+    return build_capability(prepare(model), options)
+
+
 def build_capability(
     prepared: Prepared, options: Mapping[str, Any] | None = None
 ) -> lpq.FrameworkCapability:
+    """The YAML's choices for every quantizable op, minus what the op cannot take."""
     spec = load_spec(options)
     graph = prepared.graph
     ops = quantizable_ops(prepared, options)
-    capability = spec.build(ops, lpq.installed_version(tf_distribution()))
+    capability = spec.build(ops, lpq.installed_version(installed_distribution()))
     by_name = {prepared.names[op.index]: op for op in graph.model_ops()}
     for key in list(capability.opwise):
         op = by_name[key[0]]

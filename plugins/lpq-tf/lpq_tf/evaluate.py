@@ -20,7 +20,10 @@ import numpy as np
 
 from lpq import EvalResult, LatencyMeasurer, Metric, evaluate_batches
 
+from .model_io import Prepared, prepare
+from .qmodel import QuantizedModel
 from .runtime import Runner
+from .tfenv import import_tf
 
 log = logging.getLogger(__name__)
 _PROBE_RUNS = 3
@@ -32,13 +35,11 @@ def threads(options: dict[str, Any]) -> int | None:
     return int(value) if value not in (None, "") else None
 
 
-def _keras_call(prepared: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+def _keras_call(prepared: Prepared) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The Keras model as one ``tf.function`` per prepared model (traced once per shape)."""
     if "keras_call" not in prepared.cache:
-        from .tfenv import import_tf
-
         tf = import_tf()
-        model = prepared.keras_model
+        model: Any = prepared.keras_model  # set: only Keras models get here
         graph = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs), training=False))
         prepared.cache["keras_call"] = lambda arrays: [np.asarray(graph(*arrays))]
     call: Callable[[list[np.ndarray]], list[np.ndarray]] = prepared.cache["keras_call"]
@@ -55,7 +56,7 @@ def _best_ms(call: Callable[[list[np.ndarray]], Any], arrays: list[np.ndarray]) 
     return min(times) * 1e3
 
 
-def fp32_runtime(prepared: Any, runner: Runner, arrays: list[np.ndarray]) -> str:
+def fp32_runtime(prepared: Prepared, runner: Runner, arrays: list[np.ndarray]) -> str:
     """``keras`` or ``litert``: the faster fp32 form of a Keras model, decided once."""
     if "fp32_runtime" not in prepared.cache:
         choice, timings = "litert", {}
@@ -80,10 +81,10 @@ def evaluate(
     measurer: LatencyMeasurer | None,
     iteration: int | None,
 ) -> EvalResult:
-    from .model_io import prepare
-    from .qmodel import QuantizedModel
-
-    prepared = None
+    """The ``lpq_evaluate`` answer: a quantized model runs as its ``.tflite`` in LiteRT,
+    an fp32 model as its float ``.tflite`` or, when latency is measured, as the faster of
+    that and the Keras model (:func:`fp32_runtime`)."""
+    prepared: Prepared | None = None
     if isinstance(model, QuantizedModel):
         content, options = model.content, dict(model.options)
     else:

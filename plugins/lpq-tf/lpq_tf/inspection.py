@@ -17,7 +17,10 @@ import numpy as np
 from lpq import ConfigError, Inspection
 
 from . import graph as graph_mod
-from .precision import match_ops
+from .capability import quantizable_ops
+from .model_io import prepare
+from .naming import match_ops
+from .qmodel import QuantizedModel
 from .runtime import Runner
 
 
@@ -38,17 +41,15 @@ def _weights(converted: graph_mod.Graph, op: graph_mod.Op) -> dict[str, np.ndarr
     return found
 
 
-def inspect(
+def inspect_tensor(
     model: Any,
     dataloader: Iterable[Any],
     op_names: Sequence[str] | None,
     kind: str,
     iteration: int | None,
 ) -> Inspection:
-    from .capability import quantizable_ops
-    from .model_io import prepare
-    from .qmodel import QuantizedModel
-
+    """The ``lpq_inspect_tensor`` answer: weights and/or per-batch activations of the ops
+    named (default: the quantizable ones), under their fp32 names, dequantized."""
     if kind not in ("activation", "weight", "both"):
         raise ConfigError(
             f"unknown inspection kind {kind!r}", hint="use activation, weight or both"

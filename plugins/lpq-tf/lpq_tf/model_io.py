@@ -27,8 +27,9 @@ import lpq
 from lpq import ModelError
 
 from . import graph as graph_mod
+from .info import file_kind, is_keras_model
 from .naming import op_names
-from .plugin import _file_kind, _is_keras_model
+from .qmodel import QuantizedModel
 from .tfenv import import_tf, quietly
 
 _SUPPORTED = "a Keras model, a .keras file, a SavedModel directory or a float .tflite file"
@@ -88,7 +89,7 @@ def _scratch_dir() -> Path:
     return path
 
 
-def convert_saved_model(saved_model_dir: Path, configure: Any = None) -> bytes:
+def run_converter(saved_model_dir: Path, configure: Any = None) -> bytes:
     """Run ``TFLiteConverter.from_saved_model``; ``configure(converter)`` sets options.
 
     A conversion error becomes a :class:`lpq.ModelError` naming the op the converter
@@ -102,10 +103,10 @@ def convert_saved_model(saved_model_dir: Path, configure: Any = None) -> bytes:
             configure(converter)
         return bytes(converter.convert())
 
-    return quietly(run, conversion_error)
+    return quietly(run, converter_error)
 
 
-def conversion_error(exc: Exception, log: str) -> ModelError:
+def converter_error(exc: Exception, log: str) -> ModelError:
     """A ModelError for a failed conversion: the rejected op and what helps."""
     import re
 
@@ -141,7 +142,7 @@ def _from_keras(model: Any, source: str) -> Prepared:
             hint="the model must be traceable with tf.function\n" + log,
         ),
     )
-    return Prepared("keras", source, convert_saved_model(directory), directory, model)
+    return Prepared("keras", source, run_converter(directory), directory, model)
 
 
 def _load_keras_file(path: Path) -> Any:
@@ -160,8 +161,6 @@ def _load_keras_file(path: Path) -> Any:
 
 def prepare(model: Any) -> Prepared:
     """The prepared form of any supported input (cached); ModelError for anything else."""
-    from .qmodel import QuantizedModel
-
     if isinstance(model, Prepared):
         return model
     if isinstance(model, QuantizedModel):
@@ -171,10 +170,10 @@ def prepare(model: Any) -> Prepared:
             "this quantized model was loaded from a file and has no fp32 model attached",
             hint="pass the fp32 model (Keras, SavedModel or float .tflite) instead",
         )
-    if _is_keras_model(model):
+    if is_keras_model(model):
         key: tuple[Any, ...] = ("keras", id(model), _weights_key(model))
         return _cached(key, lambda: _from_keras(model, f"Keras model {model.name!r}"))
-    kind = _file_kind(model)
+    kind = file_kind(model)
     if kind is None:
         if isinstance(model, str | Path) and not Path(model).exists():
             raise ModelError(f"{model}: no such file or directory")
@@ -188,9 +187,7 @@ def prepare(model: Any) -> Prepared:
     if kind == "tflite":
         return _cached(key, lambda: _from_tflite(path))
     if kind == "saved_model":
-        return _cached(
-            key, lambda: Prepared("saved_model", str(path), convert_saved_model(path), path)
-        )
+        return _cached(key, lambda: Prepared("saved_model", str(path), run_converter(path), path))
     return _cached(key, lambda: _from_keras(_load_keras_file(path), str(path)))
 
 

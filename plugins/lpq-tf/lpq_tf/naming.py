@@ -8,6 +8,9 @@ layer whose name (plus such suffixes) appears in a scope and whose class can pro
 op type, taking layers in model order; an op no scope names gets the only unused layer of
 a fitting class, if there is exactly one. Ops that still match no layer (and every op of
 a model without Keras layers) keep the first scope of their TFLite name.
+
+A quantizer renames and inserts ops, so the same names are found again in a converted
+model by :func:`match_ops` (precision and inspection report under the fp32 names).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .graph import Graph
+from .graph import Graph, Op
 
 #: Keras layer classes that can become each TFLite op type (others: any layer).
 _LAYER_CLASSES = {
@@ -93,3 +96,32 @@ def _unique(names: dict[int, str]) -> dict[int, str]:
         seen[name] = seen.get(name, 0) + 1
         result[index] = name if seen[name] == 1 else f"{name}:{seen[name]}"
     return result
+
+
+def match_ops(float_ops: Sequence[tuple[str, str, str]], converted: Graph) -> dict[str, Op]:
+    """fp32 op name -> the op of ``converted`` that computes it.
+
+    Matched by output tensor name (a quantizer that moves a graph output behind a
+    DEQUANTIZE renames the op's tensor ``<name>1``), then, for what is left, by position
+    among the ops of the same type.
+    """
+    ops = converted.model_ops()
+    used: set[int] = set()
+    found: dict[str, Op] = {}
+    for name, op_type, tensor in float_ops:
+        for op in ops:
+            out = converted.output_name(op)
+            renamed = out.startswith(tensor) and out[len(tensor) :].isdigit()
+            if op.index not in used and op.op_type == op_type and (out == tensor or renamed):
+                found[name] = op
+                used.add(op.index)
+                break
+    for name, op_type, _ in float_ops:
+        if name in found:
+            continue
+        rank = [n for n, t, _ in float_ops if t == op_type].index(name)
+        same = [op for op in ops if op.op_type == op_type]
+        if rank < len(same) and same[rank].index not in used:
+            found[name] = same[rank]
+            used.add(same[rank].index)
+    return found

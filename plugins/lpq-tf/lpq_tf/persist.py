@@ -16,6 +16,7 @@ from typing import Any
 from lpq import ModelError, TuneConfig, atomic_write
 
 from . import graph as graph_mod
+from .model_io import prepare
 from .qmodel import QuantizedModel
 
 _PREFIX = "lpq."
@@ -28,8 +29,6 @@ def _target(path: Path) -> Path:
 
 def save(model: Any, path: Path) -> Path:
     """Write ``model`` to ``path`` (``.tflite`` appended when missing); return the file."""
-    from .model_io import prepare
-
     target = _target(Path(path))
     if isinstance(model, QuantizedModel):
         meta = {

@@ -10,20 +10,27 @@
   weight granularity, fp16 weights per op.
 
 Ops of the capability that the tune_cfg omits stay float, as the contract asks. The
-input model is never modified. Which quantizer ran is recorded on the result.
+input model is never modified. Which quantizer ran is recorded on the result. The work of
+each quantizer is in :mod:`lpq_tf.passes`; this module only checks and routes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
 
 from . import calibration
 from .capability import load_spec, quantizable_ops
+from .graph import read
 from .model_io import Prepared, prepare
+from .naming import match_ops
+from .passes.aeq import quantize_with_aeq
+from .passes.converter import quantize_with_converter
 from .qmodel import QuantizedModel
+from .runtime import Runner
 
 CONVERTER = "tflite-converter"
 AEQ = "ai-edge-quantizer"
@@ -35,12 +42,19 @@ def quantize(
     model: Any,
     tune_cfg: TuneConfig,
     calib_dataloader: Iterable[Any] | calibration.Samples | None,
+    train_func: Callable[[Any], Any] | None = None,
 ) -> QuantizedModel:
     """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring.
 
     ``calib_dataloader`` may also be the :class:`~lpq_tf.calibration.Samples` of an
-    earlier quantization (fp16 conversion re-quantizes with them).
+    earlier quantization (fp16 casting re-quantizes with them). ``train_func`` is refused:
+    LiteRT models are quantized after training only.
     """
+    if train_func is not None:
+        raise ConfigError(
+            "the tf adaptor does only post-training quantization",
+            hint="train with quantization-aware training in Keras yourself, or use lpq-torch",
+        )
     prepared = prepare(model)
     by_name = {name: (op_type, tensor) for name, op_type, tensor in prepared.ops()}
     unknown = [name for name, _ in tune_cfg.ops if name not in by_name]
@@ -62,12 +76,8 @@ def quantize(
     if route == FLOAT:
         content = prepared.float_tflite
     elif route == CONVERTER:
-        from .converter_pass import quantize_with_converter
-
         content = quantize_with_converter(prepared, configs, samples, io_dtype)
     else:
-        from .aeq_pass import quantize_with_aeq
-
         by_tensor = {by_name[name][1]: cfg for name, cfg in configs.items()}
         content = quantize_with_aeq(prepared, by_tensor, samples, io_dtype)
     qmodel = QuantizedModel(
@@ -88,12 +98,6 @@ def check_runs(qmodel: QuantizedModel) -> None:
     """Load the quantized model in LiteRT once, so that a model with an op no kernel can
     run (e.g. a 16x8 depthwise conv whose scales overflow) fails here, naming the op,
     instead of in the middle of an evaluation."""
-    import re
-
-    from .graph import read
-    from .precision import match_ops
-    from .runtime import Runner
-
     try:
         Runner(qmodel.content).prepare()
     except LpqError as exc:

@@ -13,7 +13,8 @@ import pytest
 from tf_testmodels import calib_loader, config_for, eval_loader, residual_net, top1
 
 import lpq
-from lpq_tf import graph, plugin
+from lpq_tf import graph
+from lpq_tf.plugin import plugin
 
 pm = lpq.get_plugin_manager()
 
@@ -22,7 +23,7 @@ def test_plugin_and_detection_import_no_framework(tmp_path: Path) -> None:
     (tmp_path / "m.tflite").write_bytes(b"\x00\x00\x00\x00TFL3" + bytes(8))
     script = (
         "import sys, lpq_tf.plugin as p\n"
-        f"assert p.lpq_detect_framework({str(tmp_path / 'm.tflite')!r}) == 'tf'\n"
+        f"assert p.plugin.lpq_detect_framework({str(tmp_path / 'm.tflite')!r}) == 'tf'\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('tensorflow', 'keras', 'ai_edge_litert', 'ai_edge_quantizer')]\n"
         "assert not bad, bad\n"

@@ -6,7 +6,10 @@ import os
 import warnings
 from typing import Any
 
-from ..model_io import Prepared, convert_saved_model
+from lpq import ModelError
+
+from ..model_io import Prepared, run_converter
+from ..runtime import create_interpreter
 from ..tfenv import captured_stderr, import_tf
 from .samples import Samples
 
@@ -28,7 +31,7 @@ def converter_calibrated(prepared: Prepared, samples: Samples) -> bytes:
             converter.representative_dataset = samples.as_lists
             converter._experimental_calibrate_only = True
 
-        prepared.cache[key] = convert_saved_model(prepared.saved_model_dir, configure)
+        prepared.cache[key] = run_converter(prepared.saved_model_dir, configure)
     result: bytes = prepared.cache[key]
     return result
 
@@ -43,13 +46,9 @@ def aeq_calibration(prepared: Prepared, samples: Samples) -> dict[str, Any]:
     if key not in prepared.cache:
         from ai_edge_quantizer import qtyping, quantizer
 
-        from ..runtime import create_interpreter
-
         signatures = create_interpreter(prepared.float_tflite).get_signature_list()
         signature = next(iter(signatures), None)
         if signature is None:
-            from lpq import ModelError
-
             raise ModelError(
                 f"{prepared.source}: the .tflite has no signature, which ai-edge-quantizer "
                 "needs to calibrate",

@@ -11,7 +11,8 @@ import numpy as np
 
 from lpq import DataError
 
-from ..runtime import InputSpec, Runner
+from ..data import InputSpec
+from ..runtime import Runner
 
 
 @dataclass(frozen=True)

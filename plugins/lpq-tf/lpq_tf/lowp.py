@@ -13,14 +13,19 @@ from typing import Any
 
 from lpq import ConfigError, ModelError, OpConfig, TuneConfig
 
+from .capability import load_spec, quantizable_ops
+from .model_io import prepare
+from .qmodel import QuantizedModel
+from .quantize import quantize
 
-def convert(model: Any, op_names: Sequence[str], dtype: str) -> Any:
-    """The ``lpq_convert_bf16`` implementation: fp32 or quantized model in, quantized out."""
-    from .capability import load_spec, quantizable_ops
-    from .model_io import prepare
-    from .qmodel import QuantizedModel
-    from .quantize import quantize
 
+def cast_lowp(model: Any, op_names: Sequence[str], dtype: str) -> Any:
+    """The ``lpq_convert_bf16`` implementation: fp32 or quantized model in, quantized out.
+
+    fp16 is a per-op choice of the quantizers (float16 weights), so casting ops is
+    re-quantizing with those ops set to fp16: a quantized model keeps its tune_cfg and
+    calibration samples, an fp32 model gets only the fp16 ops.
+    """
     if dtype != "fp16":
         raise ModelError(
             f"LiteRT has no {dtype} kernels on CPU",

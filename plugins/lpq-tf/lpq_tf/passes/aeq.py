@@ -16,9 +16,9 @@ from typing import Any
 
 from lpq import ModelError, OpConfig
 
-from .calibration import Samples, aeq_calibration
-from .model_io import Prepared
-from .tfenv import quietly
+from ..calibration import Samples, aeq_calibration
+from ..model_io import Prepared
+from ..tfenv import quietly
 
 
 def _import_aeq() -> tuple[Any, Any]:

@@ -13,23 +13,25 @@ from typing import Any
 
 from lpq import OpConfig
 
-from .calibration import Samples, converter_calibrated
-from .model_io import Prepared, conversion_error, convert_saved_model
-from .tfenv import import_tf, quietly
+from ..calibration import Samples, converter_calibrated
+from ..model_io import Prepared, converter_error, run_converter
+from ..tfenv import import_tf, quietly
 
 
 def quantize_with_converter(
     prepared: Prepared, configs: dict[str, OpConfig], samples: Samples | None, io_dtype: str
 ) -> bytes:
+    """The quantized model; every quantized op of ``configs`` has the same choice (the
+    converter's switches are model-wide), fp32 ops are denylisted in int8."""
     quantized = [cfg for cfg in configs.values() if cfg.quantized]
     first = quantized[0]
     per_channel = first.weight is None or first.weight.granularity == "per_channel"
     activation = first.activation.dtype if first.activation else "int8"
     if first.mode == "dynamic":
-        return _convert(prepared, None, per_channel, "dynamic", io_dtype)
+        return _whole_model(prepared, None, per_channel, "dynamic", io_dtype)
     assert samples is not None
     if activation == "int16":
-        return _convert(prepared, samples, per_channel, "16x8", io_dtype)
+        return _whole_model(prepared, samples, per_channel, "16x8", io_dtype)
     tensors = {name: tensor for name, _, tensor in prepared.ops()}
     denylist = [tensors[name] for name, cfg in configs.items() if not cfg.quantized]
     return _static_int8(prepared, samples, denylist, per_channel, io_dtype)
@@ -53,11 +55,11 @@ def _static_int8(
                 denylisted_nodes=denylist,
             )
         ),
-        conversion_error,
+        converter_error,
     )
 
 
-def _convert(
+def _whole_model(
     prepared: Prepared, samples: Samples | None, per_channel: bool, kind: str, io_dtype: str
 ) -> bytes:
     tf = import_tf()
@@ -77,4 +79,4 @@ def _convert(
                 converter.inference_input_type = tf.int16
                 converter.inference_output_type = tf.int16
 
-    return convert_saved_model(prepared.saved_model_dir, configure)
+    return run_converter(prepared.saved_model_dir, configure)
