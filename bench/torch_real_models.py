@@ -602,7 +602,7 @@ def plain_pt2e(case: Case) -> tuple[Any, str]:
         prepared = prepare_pt2e(copy.deepcopy(gm), quantizer)
     except Exception as exc:
         # What a user must do by hand: lpq's graph fixes (dead code, one path per call).
-        from lpq_torch.prepare import split_module_calls
+        from lpq_torch.model_io import split_module_calls
 
         why = f"{type(exc).__name__}: {str(exc)[:60]}"
         note = f"fails as published ({why}); ran after lpq's graph fixes"
@@ -633,12 +633,12 @@ def int8_ops(model: Any) -> str:
         report = lpq.get_plugin_manager().quantized_ops("torch", model)
         return f"{sum(v != 'fp32' for v in report.values())}/{len(report)}"
     from lpq_torch.graph import QUANTIZABLE
-    from lpq_torch.report import node_precision
+    from lpq_torch.precision import node_precision
 
     if isinstance(model, torch.fx.GraphModule):  # plain PT2E: the same reading of the graph
         nodes = [n for n in model.graph.nodes if str(n.target) in QUANTIZABLE]
         return f"{sum(node_precision(n) != 'fp32' for n in nodes)}/{len(nodes)}"
-    from lpq_torch.dynamic import quantized_linears
+    from lpq_torch.precision import quantized_linears
 
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return f"{len(quantized_linears(model))}/{len(linears)} linear"

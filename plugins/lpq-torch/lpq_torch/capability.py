@@ -16,9 +16,9 @@ import torch
 
 from lpq import FrameworkCapability, ModelError, installed_version, load_capability
 
-from . import graph, prepare
-from .data import first_batch, require_module
-from .plugin import FRAMEWORK, capability_file
+from . import graph, model_io
+from .data import first_batch
+from .info import FRAMEWORK, capability_files
 
 #: Ops that follow a conv/linear inside a fused pattern, by their short ATen name.
 _FOLLOWERS = {
@@ -40,16 +40,21 @@ def _capability_files(options: dict[str, Any]) -> list[Path]:
     extra = options.get("capability_files") or []
     if isinstance(extra, str | os.PathLike):
         extra = [extra]
-    return [capability_file(), *(Path(p) for p in extra)]
+    return [*capability_files(), *(Path(p) for p in extra)]
 
 
-def query(
+def query_capability(
     model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
 ) -> FrameworkCapability:
-    module = require_module(model)
+    """The capability YAML for the installed torch, paired with the model's ops.
+
+    The model is exported with the dataloader's first batch (once per run); that batch is
+    kept as its example inputs for later jobs that get no data.
+    """
+    module = model_io.require_module(model)
     args = first_batch(dataloader)
-    prepare.remember_example(module, args)
-    gm = prepare.exported(module, args, copy_graph=False)
+    model_io.remember_example(module, args)
+    gm = model_io.exported(module, args, copy_graph=False)
     spec = load_capability(_capability_files(options), FRAMEWORK, installed_version("torch"))
     ops = [key for key, _ in graph.quantizable_nodes(gm)]
     return spec.build(ops, installed_version("torch"))
@@ -57,24 +62,25 @@ def query(
 
 def fused_patterns(model: Any) -> list[tuple[str, ...]]:
     """Fusable op-type chains found in the model (longest YAML pattern per conv/linear)."""
-    module = require_module(model)
+    module = model_io.require_module(model)
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         gm = module
     else:
-        example = prepare.example_for(module)
+        example = model_io.example_for(module)
         if example is None:
             raise ModelError(
                 "the PyTorch adaptor needs example inputs to export the model",
                 hint="query the model's capability with a dataloader first",
             )
-        gm = prepare.exported(module, example, copy_graph=False)
-    spec = load_capability([capability_file()], FRAMEWORK, installed_version("torch"))
+        gm = model_io.exported(module, example, copy_graph=False)
+    spec = load_capability(capability_files(), FRAMEWORK, installed_version("torch"))
     return find_patterns(gm, spec.patterns)
 
 
 def find_patterns(
     gm: torch.fx.GraphModule, known: Sequence[tuple[str, ...]]
 ) -> list[tuple[str, ...]]:
+    """For each quantizable node, the longest chain of its followers that ``known`` lists."""
     found: list[tuple[str, ...]] = []
     known_set = set(known)
     for _, node in graph.quantizable_nodes(gm):

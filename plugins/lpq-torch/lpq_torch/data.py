@@ -8,15 +8,15 @@ is just another iterable of such items.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from lpq import DataError, ModelError, split_batch
+from lpq import DataError, split_batch
+
+from .errors import first_line
 
 #: Positional and keyword arguments of one model call.
 CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -118,23 +118,3 @@ def describe(args: CallArgs) -> str:
     positional, keywords = args
     parts = [one(v) for v in positional] + [f"{k}={one(v)}" for k, v in keywords.items()]
     return "(" + ", ".join(parts) + ")"
-
-
-def require_module(model: Any) -> torch.nn.Module:
-    """``model`` itself, or the model in a ``.pt2`` file (``torch.export.save`` format)."""
-    if isinstance(model, str | os.PathLike) and str(model).endswith(".pt2"):
-        from .persist import load
-
-        return load(Path(model))
-    if not isinstance(model, torch.nn.Module):
-        raise ModelError(
-            f"the PyTorch adaptor needs a torch.nn.Module, got {type(model).__qualname__}",
-            hint="pass the nn.Module itself, or a .pt2 file written by torch.export.save",
-        )
-    return model
-
-
-def first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message (torch's can run to pages)."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0].strip()[:300] if lines else type(exc).__name__

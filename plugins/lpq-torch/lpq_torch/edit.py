@@ -30,13 +30,11 @@ import torch.utils._pytree as pytree
 
 from lpq import ConfigError, ModelError
 
-from . import dynamic, graph, lowering, prepare
-from .data import require_module
-from .inspection import weight_args
-from .quantize import OUTPUT_RANGES_ATTR, TUNE_CFG_ATTR
+from . import graph, lowering, model_io
+from .graph import weight_args
+from .info import DYNAMIC_ATTR, EXAMPLE_ATTR, IO_ATTR, OUTPUT_RANGES_ATTR, TUNE_CFG_ATTR
+from .model_io import require_module
 
-#: Attribute of a model from :func:`quantize_input`: scale/zero point of each integer I/O.
-IO_ATTR = "_lpq_io"
 _QUANT = "quantized_decomposed.quantize_per_tensor.default"
 _DEQUANT_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
 _DEQUANT_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
@@ -61,7 +59,7 @@ def _is_graph(module: torch.nn.Module) -> bool:
 def set_tensor(model: Any, tensor_name: str, value: Any) -> torch.nn.Module:
     """A copy of ``model`` with ``tensor_name`` set to ``value`` (see the module doc)."""
     module = require_module(model)
-    if hasattr(module, dynamic.DYNAMIC_ATTR):
+    if hasattr(module, DYNAMIC_ATTR):
         raise ModelError(
             "set_tensor cannot write into a model from torchao's dynamic int8 path (its "
             "weights are torchao tensor subclasses)",
@@ -110,7 +108,7 @@ def _stored_input(gm: torch.fx.GraphModule, tensor_name: str) -> torch.fx.Node:
 
 def _parameter_path(module: torch.nn.Module, tensor_name: str) -> str:
     """The qualified name of the parameter behind ``tensor_name`` in an fp32 module."""
-    example = prepare.example_for(module)
+    example = model_io.example_for(module)
     if example is None:
         names = dict([*module.named_parameters(), *module.named_buffers()])
         if tensor_name in names:  # an nn.Module op: the name is the parameter's
@@ -120,7 +118,7 @@ def _parameter_path(module: torch.nn.Module, tensor_name: str) -> str:
             hint="query the model's capability (or inspect it) with data first, so lpq "
             "has exported it",
         )
-    gm = prepare.exported(module, example, copy_graph=False)
+    gm = model_io.exported(module, example, copy_graph=False)
     arg = _stored_input(gm, tensor_name)
     if arg.op != "get_attr":
         raise ModelError(
@@ -202,7 +200,7 @@ def quantize_input(model: Any, options: dict[str, Any]) -> torch.fx.GraphModule:
         raise ConfigError(
             f"integer dtype {wanted!r} is not offered", hint=f"use one of {', '.join(_DTYPES)}"
         )
-    example = prepare.example_for(module)
+    example = model_io.example_for(module)
     if options.get("inputs", True):
         example = _integer_inputs(gm, io, wanted, example)
     if options.get("outputs", True):
@@ -213,7 +211,7 @@ def quantize_input(model: Any, options: dict[str, Any]) -> torch.fx.GraphModule:
     gm.recompile()
     setattr(gm, IO_ATTR, io)
     if example is not None:
-        setattr(gm, prepare.EXAMPLE_ATTR, example)
+        setattr(gm, EXAMPLE_ATTR, example)
     return gm
 
 

@@ -6,6 +6,8 @@ handler, they point the user the wrong way. Inside :func:`stage`, any non-lpq ex
 becomes a :class:`lpq.ModelError` saying which stage failed (quantize/prepare, calibrate,
 convert, inspect, compile, evaluate), on which op or construct when known, with the
 framework's own message, and a hint that is about that stage, never about the data.
+
+A leaf of the package (it imports nothing of lpq_torch): every stage may use it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import contextlib
 from collections.abc import Iterator
 
 from lpq import LpqError, ModelError
-
-from .data import first_line
 
 #: What to do when a stage fails inside the framework (not the user's data or config).
 HINTS = {
@@ -31,6 +31,12 @@ HINTS = {
     "op in fp32",
     "quantize": "torchao could not quantize this model; keep the named op in fp32",
 }
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (torch's can run to pages)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0].strip()[:300] if lines else type(exc).__name__
 
 
 def framework_error(

@@ -48,9 +48,11 @@ from lpq import (
 )
 
 from . import state
-from .data import CallArgs, call_args, labels_to_numpy, outputs_to_numpy, require_module, run
+from .backends import simulate
+from .data import CallArgs, call_args, labels_to_numpy, outputs_to_numpy, run
 from .errors import framework_error, stage
-from .quantize import TUNE_CFG_ATTR
+from .info import TUNE_CFG_ATTR
+from .model_io import require_module
 
 logger = logging.getLogger("lpq.torch")
 
@@ -161,6 +163,13 @@ def evaluate(
     measurer: LatencyMeasurer | None,
     iteration: int | None,
 ) -> EvalResult:
+    """Score ``metrics`` over ``dataloader``; with a ``measurer``, also time the compiled model.
+
+    A model simulating a backend scheme is never timed: its speed on this CPU says nothing
+    about the backend's.
+    """
+    if simulate.is_simulated(model):
+        measurer = None
     module = require_module(model)
     restore_training = not isinstance(module, torch.fx.GraphModule) and module.training
     if not isinstance(module, torch.fx.GraphModule):

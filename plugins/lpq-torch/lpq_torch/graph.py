@@ -1,4 +1,4 @@
-"""Naming the quantizable ops of an exported graph (see :mod:`lpq_torch.prepare` for export).
+"""Naming the quantizable ops of an exported graph (see :mod:`lpq_torch.model_io` for export).
 
 Op names must survive export -> prepare -> convert -> save -> load, so each quantizable
 node is stamped with ``node.meta["custom"]["lpq_op"]``; ``torch.export`` serialises the
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lpq import OpKey
+from lpq import ConfigError, OpKey, TuneConfig
 
 #: ATen ops lpq can quantize, mapped to the op type used in the capability YAML.
 QUANTIZABLE = {
@@ -76,3 +76,32 @@ def quantizable_nodes(gm: torch.fx.GraphModule) -> Iterator[tuple[OpKey, torch.f
         key = op_key(node)
         if key is not None and op_type_of(node) is not None:
             yield key, node
+
+
+def check_ops(tune_cfg: TuneConfig, gm: torch.fx.GraphModule) -> None:
+    """Refuse a tune_cfg naming ops ``gm`` does not have (before any pass runs)."""
+    present = {key for key, _ in quantizable_nodes(gm)}
+    unknown = [key for key in tune_cfg.ops if key not in present]
+    if unknown:
+        shown = ", ".join(f"{name} ({op_type})" for name, op_type in unknown[:5])
+        raise ConfigError(
+            f"the tune_cfg names ops the model does not have: {shown}",
+            hint="use op names and types from the capability query (module paths such as "
+            "'features.0' with op types conv2d/linear/matmul)",
+        )
+
+
+def tensor_name(op: str, label: str) -> str:
+    """The name of an op's weight (``label`` ``weight``) or bias in inspection and set_tensor."""
+    return f"{op}.{label}"
+
+
+def weight_args(node: torch.fx.Node) -> dict[str, torch.fx.Node]:
+    """``{"weight": ..., "bias": ...}``: the nodes feeding a conv/linear op's weight and bias."""
+    if op_type_of(node) == "matmul":
+        return {}  # activation x activation: no weights
+    return {
+        label: arg
+        for label, arg in zip(("weight", "bias"), node.args[1:3])
+        if isinstance(arg, torch.fx.Node)
+    }

@@ -28,10 +28,12 @@ import torch.utils._pytree as pytree
 
 from lpq import ConfigError, DataError, Inspection, split_batch
 
-from . import dynamic, graph, lowering, prepare
-from .data import CallArgs, call_args, describe, first_batch, first_line, require_module
-from .errors import framework_error, stage
-from .quantize import TUNE_CFG_ATTR
+from . import graph, lowering, model_io
+from .data import CallArgs, call_args, describe, first_batch
+from .errors import first_line, framework_error, stage
+from .graph import tensor_name, weight_args
+from .info import DYNAMIC_ATTR, TUNE_CFG_ATTR
+from .model_io import require_module
 
 _BATCH_NORM = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
 
@@ -40,22 +42,6 @@ def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().float().cpu().numpy()
     return np.asarray(value, dtype=np.float32)
-
-
-def tensor_name(op: str, label: str) -> str:
-    """The name of an op's weight (``label`` ``weight``) or bias in inspection and set_tensor."""
-    return f"{op}.{label}"
-
-
-def weight_args(node: torch.fx.Node) -> dict[str, torch.fx.Node]:
-    """``{"weight": ..., "bias": ...}``: the nodes feeding a conv/linear op's weight and bias."""
-    if graph.op_type_of(node) == "matmul":
-        return {}  # activation x activation: no weights
-    return {
-        label: arg
-        for label, arg in zip(("weight", "bias"), node.args[1:3])
-        if isinstance(arg, torch.fx.Node)
-    }
 
 
 def _activation_node(node: torch.fx.Node) -> torch.fx.Node:
@@ -121,7 +107,7 @@ def _graph_of(model: Any, dataloader: Iterable[Any]) -> torch.fx.GraphModule:
     module = require_module(model)
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         return module
-    return prepare.exported(module, first_batch(dataloader), copy_graph=False)
+    return model_io.exported(module, first_batch(dataloader), copy_graph=False)
 
 
 def _flat_inputs(args: CallArgs) -> list[Any]:
@@ -137,7 +123,7 @@ def inspect_tensor(
     iteration: int | None,
 ) -> Inspection:
     module = require_module(model)
-    if hasattr(module, dynamic.DYNAMIC_ATTR):
+    if hasattr(module, DYNAMIC_ATTR):
         return _inspect_modules(module, dataloader, op_names, kind, iteration)
     quantized = hasattr(module, TUNE_CFG_ATTR)
     gm = _graph_of(module, dataloader)
@@ -194,7 +180,7 @@ def _inspect_modules(
     fp32 there and are left out.
     """
     modules = dict(module.named_modules())
-    names = [n for n in (op_names or getattr(module, dynamic.DYNAMIC_ATTR)) if n in modules]
+    names = [n for n in (op_names or getattr(module, DYNAMIC_ATTR)) if n in modules]
     result = Inspection()
     if kind in ("weight", "both"):
         for name in names:

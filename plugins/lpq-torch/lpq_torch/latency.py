@@ -37,7 +37,7 @@ import torch
 import lpq
 from lpq import ConfigError, OpConfig, TuneConfig
 
-from . import state
+from . import evaluate, state
 from .data import CallArgs
 
 logger = logging.getLogger("lpq.torch")
@@ -84,12 +84,10 @@ def choose(
 ) -> torch.nn.Module:
     """``planned`` (the model per ``tune_cfg``) or a version with ops moved to fp32 that
     is faster on this machine (see the module doc)."""
-    from .evaluate import compile_enabled
-
     quantized = [key for key, cfg in tune_cfg.ops.items() if cfg.quantized]
     if not quantized:
         return planned
-    if not compile_enabled():
+    if not evaluate.compile_enabled():
         logger.warning("lpq-torch: latency-aware quantization needs torch.compile; skipped")
         return planned
     decisions = state.current().latency.setdefault(module, {})
@@ -169,9 +167,7 @@ def _first_sample(args: CallArgs) -> CallArgs:
 
 def paired_ratio(a: torch.nn.Module, b: torch.nn.Module, args: CallArgs) -> float:
     """Median over rounds of time(a) / time(b), the two run alternately (compiled)."""
-    from .evaluate import forward_for
-
-    fa, fb = forward_for(a), forward_for(b)
+    fa, fb = evaluate.forward_for(a), evaluate.forward_for(b)
     ratios: list[float] = []
     with torch.inference_mode():
         for _ in range(2):  # compile, then warm up

@@ -1,50 +1,34 @@
-"""lpq_quantize: torch.export -> PT2E prepare -> calibrate (or QAT) -> convert.
+"""lpq_quantize: pick the pass a tune_cfg asks for; the passes do the work.
 
-The result is the ``GraphModule`` ``convert_pt2e`` returns: quantize/dequantize ops around
-float conv/linear ops. Run eagerly it *simulates* int8 (exact arithmetic, no speedup);
-``torch.compile`` with Inductor freezing fuses the q/dq patterns into oneDNN int8 kernels,
-which is where the speedup comes from (see :mod:`lpq_torch.evaluate`).
+* a backend scheme (``options["backend_scheme"]``, set by core from a backend profile):
+  bit-exact simulation of that backend (:mod:`lpq_torch.backends.quantize`);
+* dynamic ops on an ``nn.Module`` without QAT: torchao's dynamic int8 for Linear
+  (:mod:`lpq_torch.passes.dynamic`);
+* otherwise the PT2E pass (:mod:`lpq_torch.passes.static`), static int8 per op or QAT
+  with a ``train_func``.
 
 With the ``latency_aware`` option (the capability's recipe: on for ``lpq.quantize``,
 searched by ``lpq.fit``) ops that int8 makes slower on this machine stay in fp32, by
-measurement (:mod:`lpq_torch.latency`).
+measurement (:mod:`lpq_torch.latency`); QAT results are kept as trained.
 
-Quantization-aware training: with a ``train_func``, the model is exported in train mode,
-prepared with ``prepare_qat_pt2e`` (fake quantizers are torchao's
-``LearnableFakeQuantize``: their scale and zero point get gradients), calibrated once so
-the scales start from observed ranges, then range learning is switched on and
-``train_func(prepared)`` trains weights and scales together. Converting gives the same
-deployable int8 graph as PTQ.
+The result carries its example inputs and tune_cfg (:mod:`lpq_torch.info`), so later jobs
+(save, evaluation, inspection) work on it without data.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torchao.quantization.pt2e import (
-    enable_range_learning,
-    move_exported_model_to_eval,
-    move_exported_model_to_train,
-)
-from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 
-from lpq import ConfigError, OpConfig, TuneConfig
+from lpq import TuneConfig
 
-from . import convert, dynamic, graph, latency, lowering, prepare
-from .calibration import calibrate
-from .data import at_least_two, first_batch, require_module
-from .errors import stage
-from .prepare import EXAMPLE_ATTR, remember_example
-from .qspec import quant_config
-from .quantizer import Group, LpqX86Quantizer
-
-#: Attribute holding the tune_cfg (JSON) the model was quantized with.
-TUNE_CFG_ATTR = "_lpq_tune_cfg"
-#: Attribute holding the calibrated (min, max) of each float output (for integer outputs).
-OUTPUT_RANGES_ATTR = "_lpq_output_ranges"
+from . import graph, latency, model_io
+from .backends import quantize as backend
+from .data import at_least_two, first_batch
+from .info import EXAMPLE_ATTR, TUNE_CFG_ATTR
+from .passes import dynamic, static
 
 
 def quantize(
@@ -54,126 +38,25 @@ def quantize(
     train_func: Callable[[Any], Any] | None,
 ) -> torch.nn.Module:
     """Quantize ``model`` per ``tune_cfg``; the original model is never modified."""
-    module = require_module(model)
+    if backend.wanted(tune_cfg):
+        return backend.quantize(model, tune_cfg, calib_dataloader, train_func)
+    module = model_io.require_module(model)
     qat = train_func is not None
     args = first_batch(calib_dataloader)
-    remember_example(module, args)
+    model_io.remember_example(module, args)
     if dynamic.wanted(tune_cfg) and not qat and not isinstance(module, torch.fx.GraphModule):
-        _check_ops(tune_cfg, {key for key, _ in graph.quantizable_nodes(_fp32_graph(module, args))})
+        graph.check_ops(tune_cfg, model_io.exported(module, args))
         result: torch.nn.Module = dynamic.quantize(module, tune_cfg)
     else:
-        result = _pt2e(module, tune_cfg, calib_dataloader, train_func, args)
+        result = static.quantize(module, tune_cfg, calib_dataloader, train_func, args)
         if not qat and latency.wanted(tune_cfg):
             result = latency.choose(
                 module,
                 tune_cfg,
                 args,
                 result,
-                lambda cfg: _pt2e(module, cfg, calib_dataloader, None, args),
+                lambda cfg: static.quantize(module, cfg, calib_dataloader, None, args),
             )
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     return result
-
-
-def _fp32_graph(module: torch.nn.Module, args: Any, *, training: bool = False) -> Any:
-    if training:  # QAT trains a deep copy; its export is never reused
-        return prepare.export(copy.deepcopy(module), args, training=True).module()
-    return prepare.exported(module, args)
-
-
-def _pt2e(
-    module: torch.nn.Module,
-    tune_cfg: TuneConfig,
-    calib_dataloader: Iterable[Any] | None,
-    train_func: Callable[[Any], Any] | None,
-    args: Any,
-) -> torch.fx.GraphModule:
-    """export (once per run) -> prepare -> calibrate (or QAT) -> convert -> bf16 casts."""
-    qat = train_func is not None
-    gm = _fp32_graph(module, args, training=qat)
-    present = {key for key, _ in graph.quantizable_nodes(gm)}
-    _check_ops(tune_cfg, present)
-    if any(cfg.quantized and cfg.mode == "dynamic" for cfg in tune_cfg.ops.values()) and qat:
-        raise ConfigError(
-            "dynamic quantization cannot be combined with quantization-aware training",
-            hint="use mode 'static' for QAT, or quantize without a train_func",
-        )
-    quantized = {key: cfg for key, cfg in tune_cfg.ops.items() if cfg.quantized}
-    if quantized:
-        quantizer = LpqX86Quantizer(_groups(tune_cfg, qat=qat))
-        with stage("prepare", "torchao prepare_pt2e with the x86 recipe"):
-            prepared = prepare_qat_pt2e(gm, quantizer) if qat else prepare_pt2e(gm, quantizer)
-        output_ranges = calibrate(prepared, calib_dataloader, tune_cfg.calib_sampling_size)
-        if train_func is not None:
-            prepared.apply(enable_range_learning)
-            move_exported_model_to_train(prepared)
-            returned = train_func(prepared)
-            if isinstance(returned, torch.fx.GraphModule):
-                prepared = returned
-        with stage("convert", "torchao convert_pt2e"):
-            # Only a QAT graph (exported in train mode) needs moving to eval: the call
-            # re-exports torchao's dropout/batch-norm patterns (12 torch.export calls, 97%
-            # of a 3-Linear model's quantization time); a PTQ graph is exported in eval.
-            if qat:
-                move_exported_model_to_eval(prepared)
-            result = convert_pt2e(prepared)
-            if qat:
-                move_exported_model_to_eval(result)
-        lowering.conv1d_as_conv2d(result)  # Inductor drops a quantized conv1d's stride
-        drop_unused_tensors(result)
-        setattr(result, OUTPUT_RANGES_ATTR, output_ranges)
-    else:
-        result = gm
-        if qat:
-            move_exported_model_to_eval(result)
-    for dtype in ("bf16", "fp16"):
-        names = [n for (n, _), c in tune_cfg.ops.items() if c.precision == dtype]
-        if names:
-            convert.cast_nodes(result, names, dtype)
-    return result
-
-
-def drop_unused_tensors(gm: torch.fx.GraphModule) -> None:
-    """Delete parameters/buffers no node reads (fp32 weights replaced by folded int8 ones).
-
-    Without this the quantized module, and any file saved from it, still carries every
-    original fp32 weight.
-    """
-    used = {str(node.target) for node in gm.graph.nodes if node.op == "get_attr"}
-    named = [
-        *gm.named_parameters(remove_duplicate=False),
-        *gm.named_buffers(remove_duplicate=False),
-    ]
-    for name, _ in named:
-        if name in used:
-            continue
-        owner_path, _, leaf = name.rpartition(".")
-        owner = gm.get_submodule(owner_path) if owner_path else gm
-        if hasattr(owner, leaf):
-            delattr(owner, leaf)
-    gm.delete_all_unused_submodules()
-
-
-def _check_ops(tune_cfg: TuneConfig, present: set[tuple[str, str]]) -> None:
-    unknown = [key for key in tune_cfg.ops if key not in present]
-    if unknown:
-        shown = ", ".join(f"{name} ({op_type})" for name, op_type in unknown[:5])
-        raise ConfigError(
-            f"the tune_cfg names ops the model does not have: {shown}",
-            hint="use op names and types from the capability query (module paths such as "
-            "'features.0' with op types conv2d/linear/matmul)",
-        )
-
-
-def _groups(tune_cfg: TuneConfig, *, qat: bool) -> list[Group]:
-    """Ops grouped by identical OpConfig, each with its torchao config."""
-    by_cfg: dict[OpConfig, set[str]] = {}
-    for (name, _), cfg in tune_cfg.ops.items():
-        # bf16/fp16 ops are cast after conversion; they stay float through PT2E.
-        key = cfg if cfg.quantized else OpConfig.fallback()
-        by_cfg.setdefault(key, set()).add(name)
-    groups: list[Group] = []
-    for cfg, names in by_cfg.items():
-        groups.append((frozenset(names), quant_config(cfg, qat=qat) if cfg.quantized else None))
-    return groups

@@ -18,7 +18,7 @@ misses conv1d followed by ``F.relu`` and a conv1d alone (Silero VAD's convs), le
 them in float while lpq's plan says int8. A last pass annotates every op of a quantized
 group the recipe left untouched by graph structure instead: conv1d/conv2d (with a directly
 following ``relu`` fused, as Inductor's int8 kernels fuse it) and linear. What really got
-quantized is read back from the converted graph (:mod:`lpq_torch.report`), never assumed.
+quantized is read back from the converted graph (:mod:`lpq_torch.precision`), never assumed.
 
 This relies on ``X86InductorQuantizer._annotate_with_config`` and
 ``_annotate_output_for_int8_in_int8_out_pattern_entry`` (private, pinned by

@@ -41,11 +41,11 @@ def test_importing_and_registering_does_not_import_torch() -> None:
         "import sys, lpq\n"
         "import lpq_torch.plugin as p\n"
         "seen = []\n"
-        "p.lpq_register_adaptors(seen.append)\n"
+        "p.plugin.lpq_register_adaptors(seen.append)\n"
         "assert seen[0].framework == 'torch'\n"
-        "assert p.lpq_detect_framework(object()) is None\n"
-        "assert p.lpq_detect_framework('model.onnx') is None\n"
-        "assert p.lpq_query_fw_capability('onnxrt', None, None, {}) is None\n"
+        "assert p.plugin.lpq_detect_framework(object()) is None\n"
+        "assert p.plugin.lpq_detect_framework('model.onnx') is None\n"
+        "assert p.plugin.lpq_query_fw_capability('onnxrt', None, None, {}) is None\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

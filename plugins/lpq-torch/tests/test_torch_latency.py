@@ -42,7 +42,7 @@ def run_state() -> Any:
 
 @pytest.fixture
 def setup(monkeypatch: pytest.MonkeyPatch, run_state: Any) -> Any:
-    from lpq_torch import latency, report
+    from lpq_torch import latency, precision
 
     st, model, data = run_state
     st.latency.clear()
@@ -50,7 +50,7 @@ def setup(monkeypatch: pytest.MonkeyPatch, run_state: Any) -> Any:
 
     def with_costs(int8_cost: dict[str, float]) -> None:
         def cost(m: torch.nn.Module) -> float:
-            ops = report.quantized_ops(m)
+            ops = precision.quantized_ops(m)
             return 1.0 + sum(int8_cost[op] if p == "int8" else 1.0 for op, p in ops.items())
 
         def fake_ratio(a: torch.nn.Module, b: torch.nn.Module, args: Any) -> float:

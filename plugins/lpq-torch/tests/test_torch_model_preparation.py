@@ -164,16 +164,16 @@ def test_inference_mode_tensors_are_cloned_and_weights_get_a_clear_hint() -> Non
 def test_model_is_exported_once_per_run_and_again_after_a_weight_change(
     monkeypatch: Any,
 ) -> None:
-    from lpq_torch import prepare
+    from lpq_torch import model_io
 
     calls: list[int] = []
-    real = prepare._export
+    real = model_io._export
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(prepare, "_export", counting)
+    monkeypatch.setattr(model_io, "_export", counting)
     torch.manual_seed(0)
     model = Conv1dNet().eval()
     pm = lpq.get_plugin_manager()

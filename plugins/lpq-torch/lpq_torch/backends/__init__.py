@@ -10,8 +10,9 @@ Importing this package imports no torch (the profiles are plain data, registered
 * :mod:`.simulate` — batch-norm folding and quantizer placement;
 * :mod:`.quantize` — ``lpq_quantize`` for a backend scheme and
   :func:`~.quantize.quantize_for_backend`;
-* :mod:`.convert`, :mod:`.onnx_ops` — the simulated model as QDQ ONNX
-  (``lpq_convert(target="onnx")``), one translation per ATen op;
+* :mod:`.onnx_export`, :mod:`.onnx_ops` — the simulated model as QDQ ONNX
+  (``lpq_convert(target="onnx")``, through :mod:`lpq_torch.export`), one translation per
+  ATen op;
 * :mod:`.params` — the backends' parameter files (TensorRT, SNPE/QNN, Vitis AI);
 * :mod:`.verify` — the proof that deploy is faithful (ONNX Runtime vs the simulation).
 

@@ -19,7 +19,7 @@ from lpq import ModelError
 from . import simulate
 
 if TYPE_CHECKING:
-    from .convert import Emitter
+    from .onnx_export import Emitter
 
 
 Translation = Callable[["Emitter", torch.fx.Node, dict[str, Any], str], None]

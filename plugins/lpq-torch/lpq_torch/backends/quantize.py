@@ -12,7 +12,7 @@ calibration every quantizer becomes learnable (weights: LSQ; activations: the tu
 option ``qat_method`` — ``lsq``, ``lsq_plus`` or ``pact``), ``train_func(model)`` trains
 weights and quantizers together, and freezing rounds the learned parameters to what the
 backend represents. Either way the result is a ``GraphModule`` whose forward pass is the
-backend's arithmetic; :mod:`~lpq_torch.backends.convert` exports it to QDQ ONNX.
+backend's arithmetic; :mod:`~lpq_torch.backends.onnx_export` exports it to QDQ ONNX.
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ import torch
 
 from lpq import ConfigError, DataError, OpConfig, TensorConfig, TuneConfig, get_plugin_manager
 
-from .. import prepare
+from .. import model_io
 from ..calibration import calibrate
-from ..data import at_least_two, first_batch, require_module
+from ..data import at_least_two, first_batch
 from ..errors import stage
+from ..graph import quantizable_nodes
+from ..info import EXAMPLE_ATTR, TUNE_CFG_ATTR
 from . import simulate
 from .profiles import parse_scheme, scheme_of
-
-#: Attribute holding the tune_cfg (JSON) a simulated model was built from.
-TUNE_CFG_ATTR = "_lpq_tune_cfg"
 
 
 def wanted(tune_cfg: TuneConfig) -> bool:
@@ -47,7 +46,7 @@ def quantize(
     train_func: Callable[[Any], Any] | None = None,
 ) -> torch.fx.GraphModule:
     """Simulate ``tune_cfg.options["backend_scheme"]`` on ``model`` (never modified)."""
-    module = require_module(model)
+    module = model_io.require_module(model)
     scheme = parse_scheme(tune_cfg.options["backend_scheme"])
     if calib_dataloader is None:
         raise DataError(
@@ -60,9 +59,9 @@ def quantize(
             hint="use mode 'static' (QAT is static + a train_func)",
         )
     args = first_batch(calib_dataloader)
-    prepare.remember_example(module, args)
-    gm = prepare.exported(module, args)
-    present = {key for key, _ in _quantizable(gm)}
+    model_io.remember_example(module, args)
+    gm = model_io.exported(module, args)
+    present = {key for key, _ in quantizable_nodes(gm)}
     unknown = [key for key in tune_cfg.ops if key not in present]
     if unknown:
         shown = ", ".join(f"{name} ({op_type})" for name, op_type in unknown[:5])
@@ -83,16 +82,10 @@ def quantize(
         freeze(sim)
     sim.eval()
     sim.requires_grad_(False)
-    setattr(sim, prepare.EXAMPLE_ATTR, at_least_two(args))
+    setattr(sim, EXAMPLE_ATTR, at_least_two(args))
     setattr(sim, TUNE_CFG_ATTR, tune_cfg.to_json())
     getattr(sim, simulate.BACKEND_ATTR)["backend"] = tune_cfg.options.get("backend")
     return sim
-
-
-def _quantizable(gm: torch.fx.GraphModule) -> Any:
-    from ..graph import quantizable_nodes
-
-    return quantizable_nodes(gm)
 
 
 def freeze(sim: torch.nn.Module) -> None:

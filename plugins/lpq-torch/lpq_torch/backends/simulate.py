@@ -1,7 +1,7 @@
 """Build the backend simulation of a model: fold batch norm, put quantizers where the
 backend quantizes.
 
-Input: the fp32 graph lpq-torch exports for every model (:func:`lpq_torch.prepare.
+Input: the fp32 graph lpq-torch exports for every model (:func:`lpq_torch.model_io.
 exported`: ATen ops, op names stamped), a scheme and a tune_cfg. Output: the same graph
 with :class:`~lpq_torch.backends.quantizers.FakeQuantizer` modules inserted as
 ``call_module`` nodes:

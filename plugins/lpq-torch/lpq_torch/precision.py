@@ -6,7 +6,8 @@ when a ``dequantize`` node feeds its weight or its input; the bit width comes fr
 node's ``quant_min``/``quant_max`` (int4 is simulated in an int8 container, see
 :mod:`lpq_torch.qspec`). An op whose inputs are cast to bf16/fp16 runs in that dtype. For
 a model from torchao's dynamic path an op is int8 when its ``nn.Linear`` weight really is
-a torchao quantized tensor.
+a torchao quantized tensor. A model simulating a backend scheme is read from its
+quantizers (:func:`lpq_torch.backends.simulate.quantized_ops`).
 """
 
 from __future__ import annotations
@@ -16,30 +17,45 @@ from typing import Any
 
 import torch
 
-from . import dynamic, graph, prepare
-from .data import require_module
+from . import graph, model_io
+from .backends import simulate
+from .info import DYNAMIC_ATTR
 
 _LOW_FLOAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def quantized_ops(model: Any) -> dict[str, str]:
     """fp32 op name -> ``int8``/``int4``/.../``bf16``/``fp16``/``fp32`` for every op."""
-    module = require_module(model)
-    if hasattr(module, dynamic.DYNAMIC_ATTR):
+    if simulate.is_simulated(model):
+        return simulate.quantized_ops(model)
+    module = model_io.require_module(model)
+    if hasattr(module, DYNAMIC_ATTR):
         return _dynamic_ops(module)
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         return {key[0]: node_precision(node) for key, node in graph.quantizable_nodes(module)}
-    example = prepare.example_for(module)
+    example = model_io.example_for(module)
     if example is None:
         return {}
-    fp32 = prepare.exported(module, example, copy_graph=False)
+    fp32 = model_io.exported(module, example, copy_graph=False)
     return {key[0]: "fp32" for key, _ in graph.quantizable_nodes(fp32)}
 
 
 def _dynamic_ops(module: torch.nn.Module) -> dict[str, str]:
-    int8 = dynamic.quantized_linears(module)
-    names: list[str] = getattr(module, dynamic.DYNAMIC_ATTR)
+    int8 = quantized_linears(module)
+    names: list[str] = getattr(module, DYNAMIC_ATTR)
     return {name: "int8" if name in int8 else "fp32" for name in names}
+
+
+def quantized_linears(model: torch.nn.Module) -> set[str]:
+    """Module paths whose weight really is a torchao quantized tensor (read from the model)."""
+    found: set[str] = set()
+    for name, sub in model.named_modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, torch.nn.Linear) and weight is not None:
+            tensor = weight.data if isinstance(weight, torch.nn.Parameter) else weight
+            if type(tensor) is not torch.Tensor and "torchao" in type(tensor).__module__:
+                found.add(name)
+    return found
 
 
 def node_precision(node: torch.fx.Node) -> str:

@@ -1,4 +1,4 @@
-"""lpq_convert_bf16: run chosen ops in bf16/fp16 by inserting casts into the exported graph.
+"""lpq_convert_bf16 (``cast_lowp``): chosen ops in bf16/fp16, by casts in the exported graph.
 
 Working on the exported graph (rather than autocast) keeps the choice per op and makes it
 survive save/load; each listed conv/linear/matmul node gets its tensor inputs cast to the
@@ -15,7 +15,8 @@ import torch
 
 from lpq import ConfigError, ModelError
 
-from . import graph
+from . import graph, model_io
+from .info import EXAMPLE_ATTR
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,21 +61,19 @@ def _not(node: torch.fx.Node) -> Callable[[torch.fx.Node], bool]:
     return keep
 
 
-def convert(model: Any, op_names: Sequence[str], dtype: str) -> torch.fx.GraphModule:
+def cast_lowp(model: Any, op_names: Sequence[str], dtype: str) -> torch.fx.GraphModule:
     """A new model whose named ops run in ``dtype`` (the input model is left untouched)."""
-    from .prepare import EXAMPLE_ATTR, example_for, exported
-
     if isinstance(model, torch.fx.GraphModule) and any(graph.quantizable_nodes(model)):
         result = copy.deepcopy(model)
     elif isinstance(model, torch.nn.Module):
-        example = example_for(model)
+        example = model_io.example_for(model)
         if example is None:
             raise ModelError(
                 "the PyTorch adaptor needs example inputs to export this model before "
                 "converting ops to low precision",
                 hint="query its capability (or quantize it) with a dataloader first",
             )
-        result = exported(model, example)
+        result = model_io.exported(model, example)
         setattr(result, EXAMPLE_ATTR, example)
     else:
         raise ModelError(

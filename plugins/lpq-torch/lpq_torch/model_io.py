@@ -1,5 +1,8 @@
 """Model preparation: from the model a user has to a clean exported graph lpq can quantize.
 
+Every job starts here: :func:`require_module` takes what the user passed (an
+``nn.Module`` or a ``.pt2`` file) and :func:`exported` gives its prepared graph.
+
 Each step answers a case met on published models:
 
 1. **TorchScript** (``torch.jit.load`` / ``torch.jit.script``, e.g. Silero VAD's ``.jit``):
@@ -29,17 +32,33 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import os
 import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lpq import ModelError
 
-from . import graph, state
-from .data import CallArgs, at_least_two, describe, first_line, require_module, run
+from . import archive, graph, state
+from .data import CallArgs, at_least_two, describe, run
+from .errors import first_line
+from .info import EXAMPLE_ATTR, MODEL_SUFFIX
 from .state import Exported
+
+
+def require_module(model: Any) -> torch.nn.Module:
+    """``model`` itself, or the model in a ``.pt2`` file (``torch.export.save`` format)."""
+    if isinstance(model, str | os.PathLike) and str(model).endswith(MODEL_SUFFIX):
+        return archive.read(Path(model))
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(
+            f"the PyTorch adaptor needs a torch.nn.Module, got {type(model).__qualname__}",
+            hint="pass the nn.Module itself, or a .pt2 file written by torch.export.save",
+        )
+    return model
 
 
 def export(model: Any, args: CallArgs, *, training: bool = False) -> torch.export.ExportedProgram:
@@ -273,10 +292,6 @@ def _export_hint(message: str) -> str:
     return "torch.export could not trace forward(); the message above names the construct"
 
 
-#: Attribute on a model lpq produced holding example inputs (to re-export it on save).
-EXAMPLE_ATTR = "_lpq_example_inputs"
-
-
 def remember_example(model: torch.nn.Module, args: CallArgs) -> None:
     """Keep example inputs for ``model`` (later hooks without data export it with them)."""
     with contextlib.suppress(TypeError):
@@ -284,6 +299,7 @@ def remember_example(model: torch.nn.Module, args: CallArgs) -> None:
 
 
 def example_for(model: torch.nn.Module) -> CallArgs | None:
+    """The example inputs lpq kept for ``model`` (on the model it made, or in the run state)."""
     found: CallArgs | None = getattr(model, EXAMPLE_ATTR, None)
     if found is not None:
         return found

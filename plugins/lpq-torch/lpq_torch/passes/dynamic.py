@@ -6,7 +6,8 @@ run time, lowered by ``torch.compile`` to int8 matmuls. It works on the eager
 ``nn.Module``: ``quantize_`` swaps the weights of the chosen ``nn.Linear`` modules for
 quantized tensor subclasses, so an op is selected by its module path. lpq's op name of a
 linear is that path whenever the module owns exactly one linear node (see
-:mod:`lpq_torch.graph`).
+:mod:`lpq_torch.graph`). The result is marked with :data:`lpq_torch.info.DYNAMIC_ATTR`;
+what really got quantized is read back from it by :mod:`lpq_torch.precision`.
 
 tune_cfg mapping (capability YAML, ``dynamic`` mode of ``linear``): activation
 ``granularity: per_channel`` is torchao's ``PerRow`` (one scale per token),
@@ -24,10 +25,8 @@ import torch
 
 from lpq import ConfigError, OpConfig, OpKey, TuneConfig
 
-from .errors import stage
-
-#: Marks a model quantized by this path (value: every op name of its tune_cfg).
-DYNAMIC_ATTR = "_lpq_torchao_dynamic"
+from ..errors import stage
+from ..info import DYNAMIC_ATTR
 
 
 def wanted(tune_cfg: TuneConfig) -> dict[OpKey, OpConfig]:
@@ -98,15 +97,3 @@ def _granularity(cfg: OpConfig) -> list[Any]:
     act = cfg.activation.granularity if cfg.activation else None
     weight = cfg.weight.granularity if cfg.weight else None
     return [pick(act), pick(weight)]
-
-
-def quantized_linears(model: torch.nn.Module) -> set[str]:
-    """Module paths whose weight really is a torchao quantized tensor (read from the model)."""
-    found = set()
-    for name, sub in model.named_modules():
-        weight = getattr(sub, "weight", None)
-        if isinstance(sub, torch.nn.Linear) and weight is not None:
-            tensor = weight.data if isinstance(weight, torch.nn.Parameter) else weight
-            if type(tensor) is not torch.Tensor and "torchao" in type(tensor).__module__:
-                found.add(name)
-    return found

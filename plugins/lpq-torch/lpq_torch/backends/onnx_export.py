@@ -1,4 +1,4 @@
-"""``lpq_convert`` for lpq-torch: a simulated (or fp32) model as an ONNX model with QDQ.
+"""A simulated (or fp32) model as an ONNX model with QDQ (``lpq_convert(target="onnx")``).
 
 The exported graph is written node by node from the simulation's ATen graph, so the ONNX
 model encodes exactly what the simulation computes:
@@ -41,55 +41,13 @@ import torch
 from lpq import ModelError
 
 from .. import graph as lpq_graph
-from .. import prepare
-from ..data import require_module
+from .. import model_io
 from . import simulate
-from .profiles import parse_scheme
 from .quantizers import BiasQuantizer, FakeQuantizer
 
 DEFAULT_OPSET = 17
 #: Metadata key holding every quantizer's parameters (JSON).
 QUANT_METADATA = "lpq.quantization"
-TARGETS = ("onnx", "deploy")
-
-
-def convert(model: Any, target: str, options: dict[str, Any]) -> Any:
-    """``lpq_convert``: ``onnx`` (a QDQ ``onnx.ModelProto``) or ``deploy`` (the frozen model)."""
-    if target not in TARGETS:
-        raise ModelError(
-            f"lpq-torch cannot convert to {target!r}", hint=f"targets: {', '.join(TARGETS)}"
-        )
-    module = require_module(model)
-    wanted = options.get("backend_scheme")
-    if wanted is not None:
-        _check_backend(module, wanted, options.get("backend"))
-    if target == "deploy":
-        if not simulate.is_simulated(module):
-            raise ModelError(
-                "only a model lpq quantized for a backend has a deployable form here",
-                hint="quantize with a backend profile first (backend='tensorrt', ...)",
-            )
-        return module
-    return to_onnx(module, options)
-
-
-def _check_backend(module: torch.nn.Module, scheme: Any, backend: Any) -> None:
-    """A deploy for a backend takes a model simulated with exactly that backend's scheme."""
-    name = f"backend {backend!r}" if backend else "this backend"
-    if not simulate.is_simulated(module):
-        raise ModelError(
-            f"the model is not quantized for {name}",
-            hint="pass calibration data to quantize it, or a model lpq quantized with "
-            f"backend={backend!r}",
-        )
-    built = getattr(module, simulate.BACKEND_ATTR)["scheme"]
-    if parse_scheme(built) != parse_scheme(scheme):
-        raise ModelError(
-            f"the model was quantized with another scheme than {name}'s "
-            f"({getattr(module, simulate.BACKEND_ATTR).get('backend') or 'a custom scheme'})",
-            hint="quantize the fp32 model for this backend, or register a profile for the "
-            "scheme you simulated",
-        )
 
 
 def to_onnx(module: torch.nn.Module, options: dict[str, Any]) -> Any:
@@ -112,13 +70,13 @@ def to_onnx(module: torch.nn.Module, options: dict[str, Any]) -> Any:
             "deploy it as QDQ ONNX",
         )
     else:
-        example = options.get("example_inputs") or prepare.example_for(module)
+        example = options.get("example_inputs") or model_io.example_for(module)
         if example is None:
             raise ModelError(
                 "the PyTorch adaptor needs example inputs to export this model",
                 hint="pass options={'example_inputs': ((x,), {})} or query its capability first",
             )
-        gm = prepare.exported(module, example)
+        gm = model_io.exported(module, example)
         simulate.remove_guards(gm)
         simulate.fold_batch_norm(gm)
     emitter = Emitter(
