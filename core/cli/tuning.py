@@ -111,6 +111,14 @@ _QUANT_OPTIONS = [
 ]
 
 
+_FORCE = click.option(
+    "--force",
+    is_flag=True,
+    help="Write --out even where it is a file this run reads (the model or its data), "
+    "overwriting it.",
+)
+
+
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``("latency_batch_size=8", ...)`` -> ``{"latency_batch_size": 8}``."""
     import yaml
@@ -169,18 +177,61 @@ def _build_config(kw: dict[str, Any], accuracy: Any = None, tuning: Any = None) 
     )
 
 
+#: What a model file of a suffix is, for "X is a directory" messages.
+_FILE_KINDS = {".onnx": "an ONNX model file", ".pt2": "a PyTorch .pt2 export file"}
+
+
 def _model_arg(model: str) -> str:
     """The model path; one that is not a file may still name a model (an MXNet export's
-    prefix, a SavedModel folder) if an installed adaptor recognises it."""
-    if not Path(model).exists():
-        from ..errors import NoAdaptorError
-        from ..plugins.manager import get_plugin_manager
+    prefix, a SavedModel folder) if an installed adaptor recognises it. A folder named like
+    a model file (``x.onnx/``) is said to be a folder, not a model in another form."""
+    from ..errors import ModelError, NoAdaptorError
+    from ..plugins.manager import get_plugin_manager
 
+    path = Path(model)
+    if path.is_dir():
+        pm = get_plugin_manager()
+        pm.load()
+        suffixes = {suffix for info in pm.adaptors.values() for suffix in info.model_suffixes}
+        suffix = next(
+            (s for s in sorted(suffixes, key=len, reverse=True) if path.name.endswith(s)), None
+        )
+        if suffix is None and path.suffix in _FILE_KINDS:
+            suffix = path.suffix
+        if suffix is not None:
+            kind = _FILE_KINDS.get(suffix, f"a {suffix} model file")
+            raise ModelError(f"{model} is a directory, lpq expected {kind}", hint="check the path")
+    if not path.exists():
         try:
             get_plugin_manager().detect_framework(model)
         except NoAdaptorError:
             raise ConfigError(f"model {model} does not exist", hint="check the path") from None
     return model
+
+
+def _batch_given() -> bool:
+    """Whether the user typed --batch-size (then lpq must not change it on its own)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source("batch_size") in (
+        ParameterSource.COMMANDLINE,
+        ParameterSource.ENVIRONMENT,
+    )
+
+
+def _save(result: Any, target: Path) -> Path:
+    """Write the model; an OS failure (disk full, permissions) is a clear error."""
+    from ..errors import ModelError
+
+    try:
+        written: Path = result.save(target)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot write the quantized model {target} ({exc.strerror or exc})",
+            hint="choose another --out (a folder you can write to, with free space)",
+        ) from exc
+    return written
 
 
 def _default_out(framework: str, model: str) -> Path:
@@ -199,8 +250,11 @@ def _default_out(framework: str, model: str) -> Path:
 @click.argument("model")
 @click.option("--calib", type=click.Path(dir_okay=False), help=_CALIB_HELP)
 @click.option("--out", type=click.Path(), help=_OUT_HELP)
+@_FORCE
 @_with_options(_QUANT_OPTIONS)
-def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) -> None:
+def quantize_command(
+    model: str, calib: str | None, out: str | None, force: bool, **kw: Any
+) -> None:
     """Quantize MODEL with one configuration (the adaptor's defaults plus your options).
 
     No accuracy check: `lpq tune` does that. Static and auto need --calib; an approach that
@@ -208,14 +262,36 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     """
     from ..api import quantize
     from ..eval.data import load_npz
+    from ..plugins.manager import get_plugin_manager
     from ..tuning.runner import op_counts
+    from .checks import (
+        check_calib,
+        check_data_paths,
+        check_names,
+        check_options,
+        check_out_file,
+        probe_data,
+    )
     from .console import make_console
 
     console = make_console()
+    pm = get_plugin_manager()
+    model = _model_arg(model)
+    framework = kw.get("framework") or pm.detect_framework(model)
+    kw["framework"] = framework
+    check_names(pm, backend=kw.get("backend"))
+    check_data_paths(calib)
+    check_calib(kw["approach"], calib)
+    check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
+    target = Path(out) if out else _default_out(framework, model)
+    check_out_file(target, {"the model": model, "the --calib data": calib}, force)
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
-    result = quantize(_model_arg(model), _build_config(kw), calib_data)
-    target = Path(out) if out else _default_out(result.framework, model)
-    written = result.save(target)
+    if calib_data is not None:
+        calib_data, _ = probe_data(
+            pm, framework, model, calib_data, "calibration", batch_given=_batch_given()
+        )
+    result = quantize(model, _build_config(kw), calib_data)
+    written = _save(result, target)
     quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
     counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
     console.print(
@@ -330,6 +406,7 @@ def quantize_command(model: str, calib: str | None, out: str | None, **kw: Any) 
     "Without it, --executor ray starts a local Ray on 127.0.0.1.",
 )
 @click.option("--out", type=click.Path(), help=_OUT_HELP)
+@_FORCE
 @_with_options(_QUANT_OPTIONS)
 def tune_command(
     model: str | None,
@@ -350,6 +427,7 @@ def tune_command(
     executor: str,
     ray_address: str | None,
     out: str | None,
+    force: bool,
     **kw: Any,
 ) -> None:
     """Find the fastest quantized MODEL whose accuracy stays within the tolerable loss.
@@ -361,17 +439,29 @@ def tune_command(
     from ..config import AccuracyCriterion, TuningCriterion
     from ..eval.data import load_npz
     from ..plugins.manager import get_plugin_manager
+    from ..tuning.lock import workspace_lock
+    from .checks import (
+        cap_workers,
+        check_calib,
+        check_data_paths,
+        check_labels,
+        check_names,
+        check_options,
+        check_out_file,
+        check_out_folder,
+        probe_data,
+    )
 
+    pm = get_plugin_manager()
+    example_name = None
     if example:
         if model or calib or eval_data:
             raise ConfigError("--example runs a built-in example; don't pass MODEL/--calib/--eval")
-        chosen = get_plugin_manager().example(example)
+        chosen = pm.example(example)
         model, calib, eval_data = str(chosen.model), str(chosen.calib), str(chosen.eval)
         metric = metric or chosen.metric
         kw["framework"] = kw.get("framework") or chosen.framework
-        out = out or str(
-            Path(workspace) / f"example-{example}" / f"{example}-quantized{chosen.model.suffix}"
-        )
+        example_name = f"{example}-quantized{chosen.model.suffix}"
     if not model:
         raise ConfigError(
             "give a MODEL to tune, or --example NAME",
@@ -387,6 +477,23 @@ def tune_command(
             f"a relative tolerable loss must be below 1 (100%), not {tolerable_loss:g}",
             hint="0.01 means 1%; add --absolute for a loss in the metric's own units",
         )
+    # Everything that can be checked without running the model, before any work.
+    model = _model_arg(model)
+    executor = "ray" if ray_address else executor
+    check_names(pm, strategy=strategy, metric=metric, backend=kw.get("backend"), executor=executor)
+    framework = kw.get("framework") or pm.detect_framework(model)
+    kw["framework"] = framework
+    check_data_paths(calib, eval_data)
+    check_calib(kw["approach"], calib)
+    check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
+    workers = cap_workers(workers)
+    reads = {"the model": model, "the --calib data": calib, "the --eval data": eval_data}
+    check_out_folder(workspace, "--workspace")
+    target = Path(out) if out else None
+    if target is None and example_name is None:
+        target = _default_out(framework, model)
+    if target is not None:
+        check_out_file(target, reads, force)
     config = _build_config(
         kw,
         AccuracyCriterion(
@@ -400,13 +507,24 @@ def tune_command(
             exit_policy=exit_policy,  # type: ignore[arg-type]
             seed=seed,
             workers=workers,
-            executor="ray" if ray_address else executor,
+            executor=executor,
             executor_options={"address": ray_address} if ray_address else {},
         ),
     )
-    calib_data = load_npz(calib, kw["batch_size"]) if calib else None
-    eval_loader = load_npz(eval_data, kw["batch_size"])
-    _run_tuning(_model_arg(model), config, calib_data, eval_loader, metric, workspace, out)
+    with workspace_lock(workspace):
+        batch_given = _batch_given()
+        calib_data = load_npz(calib, kw["batch_size"]) if calib else None
+        eval_loader = load_npz(eval_data, kw["batch_size"])
+        # One batch through the fp32 model: shapes, names, a fixed batch, the class count.
+        if calib_data is not None:
+            calib_data, _ = probe_data(
+                pm, framework, model, calib_data, "calibration", batch_given=batch_given
+            )
+        eval_loader, outputs = probe_data(
+            pm, framework, model, eval_loader, "evaluation", batch_given=batch_given
+        )
+        check_labels(eval_loader, outputs, metric)
+        _run_tuning(model, config, calib_data, eval_loader, metric, workspace, target, example_name)
 
 
 def _run_tuning(
@@ -416,8 +534,12 @@ def _run_tuning(
     eval_loader: Any,
     metric: str | None,
     workspace: str,
-    out: str | None,
+    target: Path | None,
+    default_name: str | None = None,
 ) -> None:
+    """Tune, then write the model, summary and plot. Without ``target`` the model goes into
+    the run folder as ``default_name``: one run, one folder (history, summary, plot, model).
+    """
     from ..api import fit
     from ..fileio import write_json
     from .console import make_console, print_table, run_progress
@@ -459,10 +581,11 @@ def _run_tuning(
         console,
         trials_table(result.baseline, result.trials, result.best.index, result.latency_batch_size),
     )
-    target = Path(out) if out else _default_out(result.framework, model)
-    written = result.save(target)
-    summary = {**result.summary(), "model": str(written), "tune_cfg": result.tune_cfg.to_json()}
     folder = result.history_path.parent if result.history_path else Path(workspace)
+    if target is None:
+        target = folder / (default_name or _default_out(result.framework, model).name)
+    written = _save(result, target)
+    summary = {**result.summary(), "model": str(written), "tune_cfg": result.tune_cfg.to_json()}
     write_json(folder / "summary.json", summary)
     plotted = write_plot(
         folder / "accuracy_vs_latency.svg",
@@ -474,6 +597,7 @@ def _run_tuning(
     )
     for line in summary_lines(summary):
         console.print(line)
+    console.print(f"run folder: {folder}")
     console.print(f"quantized model: {written}")
     console.print(
         f"summary: {folder / 'summary.json'}"
@@ -494,8 +618,9 @@ def _saved_history(workspace: str, started: float) -> str:
         if history.stat().st_mtime < started:
             continue
         try:
-            trials = len(json.loads(history.read_text()).get("trials", []))
-        except (OSError, ValueError):
+            data = json.loads(history.read_text())
+            trials = len(data["trials"]) if isinstance(data, dict) else 0
+        except (OSError, ValueError, KeyError, TypeError):
             continue
         if trials:
             return (

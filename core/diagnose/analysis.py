@@ -217,6 +217,8 @@ def diagnose(
     if calib is data:
         notes.append("calibrated on the diagnosis data (no separate calibration data given)")
     capability = pm.query_capability(framework, model, calib, {})
+    if quantized is not None:
+        check_same_model(pm, framework, model, quantized, capability, data)
 
     if tune_cfg is None and quantized is None:
         made = _quantize_default(model, config, framework, calib)
@@ -274,6 +276,79 @@ def diagnose(
         notes=notes,
         values=values,
     )
+
+
+#: Weights of an op that differ from fp32 by more than this (relative RMS) were not made
+#: from them by quantization: int8 changes weights by about 1%, int4 by about 10%.
+FOREIGN_WEIGHT_ERROR = 0.5
+
+
+def _weight_error(fp32: dict[str, np.ndarray], quantized: dict[str, np.ndarray]) -> float:
+    """Relative RMS difference of an op's weights, paired by size (the tensor names of a
+    quantized model differ); inf when the op's weights do not even have the same sizes."""
+    f = sorted((np.asarray(v, np.float64) for v in fp32.values()), key=lambda a: a.size)
+    q = sorted((np.asarray(v, np.float64) for v in quantized.values()), key=lambda a: a.size)
+    if [a.size for a in f] != [a.size for a in q]:
+        return math.inf
+    if not f:
+        return 0.0
+    fv = np.concatenate([a.reshape(-1) for a in f])
+    qv = np.concatenate([a.reshape(-1) for a in q])
+    return _rms(qv - fv) / max(_rms(fv), 1e-12)
+
+
+def check_same_model(
+    pm: PluginManager,
+    framework: str,
+    model: Any,
+    quantized: Any,
+    capability: FrameworkCapability,
+    data: Any,
+) -> None:
+    """Raise :class:`lpq.ModelError` when ``quantized`` was not made from ``model``.
+
+    Comparing two unrelated models op by op gives nonsense (a shape error, or a "relative
+    error" of thousands): first the quantized model must carry the fp32 model's op names
+    (``lpq_quantized_ops`` reports by fp32 name), then its dequantized weights must be
+    close to the fp32 weights (``lpq_inspect_tensor``), where the adaptor can say.
+    """
+    from ..errors import LpqError, ModelError
+
+    names = [name for name, _ in capability.opwise]
+    hint = (
+        "pass the quantized model made from this MODEL (by `lpq quantize MODEL` or `lpq tune "
+        "MODEL`), or the fp32 MODEL it was made from"
+    )
+    precisions = pm.quantized_ops(framework, quantized)
+    if precisions is not None and names and not any(name in precisions for name in names):
+        theirs = ", ".join(list(precisions)[:4]) or "none"
+        raise ModelError(
+            f"the quantized model is not derived from {_shown(model)}: none of its ops "
+            f"({theirs}) carry an op name of the fp32 model ({', '.join(names[:4])})",
+            hint=hint,
+        )
+    try:
+        fp32 = pm.inspect_tensor(framework, model, data, names, "weight", 1).weights
+        got = pm.inspect_tensor(framework, quantized, data, names, "weight", 1).weights
+    except LpqError:
+        raise
+    except Exception:
+        return
+    errors = {n: _weight_error(fp32[n], got[n]) for n in fp32 if n in got and fp32[n]}
+    foreign = {n: e for n, e in errors.items() if e > FOREIGN_WEIGHT_ERROR}
+    if errors and len(foreign) * 2 > len(errors):
+        name, error = max(foreign.items(), key=lambda item: item[1])
+        how = (
+            "have other shapes"
+            if math.isinf(error)
+            else f"differ from fp32 by {error:.0%} (relative RMS)"
+        )
+        raise ModelError(
+            f"the quantized model's weights are not those of {_shown(model)}: {len(foreign)} "
+            f"of {len(errors)} ops differ beyond what quantization changes (e.g. {name}'s "
+            f"weights {how}; int8 changes weights by about 1%)",
+            hint=hint,
+        )
 
 
 def _quantize_default(

@@ -100,19 +100,28 @@ class Chart:
         lo, hi = self.y_range
         return self.sy(min(max(value, lo), hi)), not lo <= value <= hi
 
-    def axes(self, x_label: str, y_label: str, *, y_ticks: bool = True) -> None:
-        """Axis lines, grid, tick marks with labels, and axis titles."""
+    def axes(
+        self,
+        x_label: str,
+        y_label: str,
+        *,
+        y_ticks: bool = True,
+        x_ticks: Sequence[tuple[float, str]] | None = None,
+    ) -> None:
+        """Axis lines, grid, tick marks with labels, and axis titles. ``x_ticks``: the x
+        ticks as ``(position, label)`` (a log axis's decades) instead of nice round ones."""
         bottom, left = self.height - self.bottom, self.left
         right = self.left + self.plot_width
         add = self.elements.append
         ticks = nice_ticks(*self.x_range)
-        for tick in ticks:
+        labelled = x_ticks if x_ticks is not None else [(t, tick_label(t, ticks)) for t in ticks]
+        for tick, text in labelled:
             x = self.sx(tick)
             add(f'<line x1="{x:.1f}" y1="{self.top}" x2="{x:.1f}" y2="{bottom}" stroke="#eee"/>')
             add(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 5}" stroke="#000"/>')
             add(
                 f'<text class="tick x" x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">'
-                f"{tick_label(tick, ticks)}</text>"
+                f"{escape(text)}</text>"
             )
         ticks = nice_ticks(*self.y_range) if y_ticks else []
         for tick in ticks:
@@ -166,6 +175,35 @@ def dot(colour: str, shape: str = "circle") -> str:
     return f'<circle r="5" fill="{colour}"/>'
 
 
+#: A bar chart switches to a log scale when its positive values span this factor or more:
+#: on a linear scale the small bars would all be invisible slivers.
+LOG_SCALE_SPAN = 100.0
+
+
+def bar_scale(values: Sequence[float]) -> tuple[tuple[float, float], bool]:
+    """The x range of a bar chart and whether it is logarithmic (then in log10 units).
+
+    Every bar fits: the range ends at the largest value, never at an outlier-robust cut
+    (the worst ops are the ones a reader must tell apart). Where positive values span
+    :data:`LOG_SCALE_SPAN` or more, the scale is log10 from a decade below the smallest.
+    """
+    finite = [v for v in values if math.isfinite(v)]
+    positive = [v for v in finite if v > 0]
+    if len(positive) >= 2 and max(positive) / min(positive) >= LOG_SCALE_SPAN:
+        low = math.log10(min(positive))
+        start = math.floor(low)
+        if low - start < 0.15:  # the smallest bar must still show
+            start -= 1
+        return (float(start), math.log10(max(positive)) + 0.02), True
+    top = max(finite, default=0.0)
+    bottom = min(0.0, min(finite, default=0.0))
+    return (bottom, (top * 1.05) if top > 0 else 1.0), False
+
+
+def _decade_label(power: int) -> str:
+    return f"{10.0**power:g}" if -3 <= power <= 3 else f"1e{power}"
+
+
 def bar_chart(
     title: str,
     labels: Sequence[str],
@@ -175,33 +213,46 @@ def bar_chart(
     colours: Sequence[str],
     legend: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """Horizontal bars, one per label (top to bottom), on an outlier-robust scale."""
+    """Horizontal bars, one per label (top to bottom), on a scale that fits every bar
+    (:func:`bar_scale`: linear, or log10 where the values span decades).
+
+    Each bar carries its value (``data-value``) so that a test can check its width.
+    """
     rows = max(len(labels), 1)
+    x_range, log = bar_scale(values)
     chart = Chart(
-        x_range=(0.0, robust_range(values, [0.0])[1]),
+        x_range=x_range,
         y_range=(0.0, float(rows)),
         height=70 + 22 * rows + 40,
         left=180,
     )
-    chart.axes(value_label, "", y_ticks=False)
+    if log:
+        first, last = int(x_range[0]), math.floor(x_range[1])
+        step = max(1, math.ceil((last - first) / 8))
+        ticks = [(float(p), _decade_label(p)) for p in range(first, last + 1, step)]
+        chart.axes(f"{value_label} (log scale)", "", y_ticks=False, x_ticks=ticks)
+    else:
+        chart.axes(value_label, "", y_ticks=False)
     for row, (label, value, colour) in enumerate(zip(labels, values, colours)):
         y_top = chart.sy(rows - row) + 3
         height = chart.plot_height / rows - 6
-        x_end, clamped = chart.clamp_x(value)
+        if not math.isfinite(value):
+            position = x_range[1]
+        elif log:
+            position = math.log10(value) if value > 0 else x_range[0]
+        else:
+            position = value
+        x_end, _ = chart.clamp_x(position)
+        x_start = chart.sx(x_range[0] if log else 0.0)
         chart.elements.append(
-            f'<rect class="bar" x="{chart.left}" y="{y_top:.1f}" width="{x_end - chart.left:.1f}" '
-            f'height="{height:.1f}" fill="{colour}"><title>{escape(label)}: {value:.4g}'
-            "</title></rect>"
+            f'<rect class="bar" x="{min(x_start, x_end):.1f}" y="{y_top:.1f}" '
+            f'width="{abs(x_end - x_start):.1f}" height="{height:.1f}" fill="{colour}" '
+            f'data-value="{value!r}"><title>{escape(label)}: {value:.4g}</title></rect>'
         )
         chart.elements.append(
             f'<text x="{chart.left - 6}" y="{y_top + height / 2 + 4:.1f}" text-anchor="end">'
             f"{escape(label)}</text>"
         )
-        if clamped:
-            chart.elements.append(
-                f'<text class="clamped" x="{x_end - 4:.1f}" y="{y_top + height / 2 + 4:.1f}" '
-                f'text-anchor="end" fill="white">{value:.3g} »</text>'
-            )
     chart.legend(legend)
     return chart.svg(title)
 

@@ -65,6 +65,8 @@ class ArrayLoader:
     """
 
     source: str | None = None
+    #: The input arrays' names in the file they were read from (``None``: not from a file).
+    names: list[str] | None = None
 
     def __init__(
         self,
@@ -141,26 +143,105 @@ class OutputRecorder:
         return float(len(self.outputs))
 
 
+#: How an ``.npz`` (a zip archive) and an ``.npy`` file begin.
+_ZIP_MAGIC = b"PK\x03\x04"
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _not_npz(file: Path) -> DataError | None:
+    """What ``file`` is when it is not an ``.npz`` archive (before numpy's own message,
+    which for a text file talks about pickles)."""
+    with file.open("rb") as handle:
+        head = handle.read(512)
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_NPY_MAGIC):
+        return None
+    if not head:
+        what = "it is empty"
+    else:
+        try:
+            head.decode("utf-8")
+            what = "it looks like text"
+        except UnicodeDecodeError:
+            what = "it is some other binary file"
+    return DataError(
+        f"{file} is not an .npz archive ({what}), so lpq cannot read it",
+        hint="save data with numpy.savez(path, input_name=array, labels=labels); a CSV or "
+        "text file must be loaded and saved that way first",
+    )
+
+
+def _check_finite(file: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """NaN or inf in data would lower the fp32 baseline (eval) or widen every range
+    (calibration) without a word: refuse them, naming the array."""
+    for name, array in arrays.items():
+        if array.dtype.kind not in "fc":
+            continue
+        bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+        if bad:
+            nans = int(np.count_nonzero(np.isnan(array)))
+            raise DataError(
+                f"{file}: array {name!r} holds {bad} non-finite value(s) ({nans} NaN, "
+                f"{bad - nans} inf) of {array.size}",
+                hint="clean the data first (drop those samples, or numpy.nan_to_num); lpq "
+                "would otherwise score and calibrate on them",
+            )
+
+
 def load_npz(path: str | os.PathLike[str], batch_size: int = 32) -> ArrayLoader:
     """Read CLI data: an ``.npz`` with one array per model input (or one array for a
-    single-input model) and an optional ``labels`` array."""
+    single-input model) and an optional ``labels`` array.
+
+    The loader's ``names`` are the file's input array names (for the CLI's check that they
+    match the model's input names).
+    """
     file = Path(path)
+    if file.is_dir():
+        raise DataError(
+            f"{file} is a directory, lpq expected an .npz data file",
+            hint="pass the .npz file (numpy.savez(path, input_name=array, labels=labels))",
+        )
     if not file.is_file():
         raise DataError(f"data file {file} does not exist", hint="check the path")
     try:
+        problem = _not_npz(file)
+    except OSError as exc:
+        raise DataError(f"cannot read {file} ({exc.strerror})", hint="check the file") from exc
+    if problem is not None:
+        raise problem
+    try:
         with np.load(file, allow_pickle=False) as npz:
+            if not hasattr(npz, "files"):
+                raise DataError(
+                    f"{file} is a single .npy array, not an .npz archive",
+                    hint="save data with numpy.savez(path, input_name=array, labels=labels)",
+                )
             arrays = {name: npz[name] for name in npz.files}
+    except DataError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DataError(
+                f"cannot read {file}: it holds Python objects (e.g. ragged lists), not plain "
+                "numeric arrays",
+                hint="save numeric arrays: numpy.savez(path, input_name=numpy.stack(samples))",
+            ) from exc
+        raise DataError(
+            f"cannot read {file} as .npz ({exc})",
+            hint="save data with numpy.savez(path, input_name=array, labels=labels)",
+        ) from exc
     except Exception as exc:
         raise DataError(
             f"cannot read {file} as .npz ({exc})",
             hint="save data with numpy.savez(path, input_name=array, labels=labels)",
         ) from exc
+    _check_finite(file, arrays)
     labels = arrays.pop("labels", None)
     if not arrays:
         raise DataError(f"{file} holds no input arrays", hint="add one array per model input")
     inputs: Any = next(iter(arrays.values())) if len(arrays) == 1 else arrays
     loader = ArrayLoader(inputs, labels, batch_size=batch_size)
     loader.source = str(file)
+    loader.names = list(arrays)
     return loader
 
 

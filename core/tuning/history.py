@@ -39,20 +39,38 @@ class TuningHistory:
             self._load_previous()
 
     def _load_previous(self) -> None:
+        """Load an earlier session's trials; a file that is not a history this version
+        wrote (hand-edited, another tool's JSON) is refused without touching it."""
         try:
             data = json.loads(self.path.read_text())
-            records = [TrialRecord.from_json(t) for t in data.get("trials", [])]
-        except (OSError, ValueError, TypeError) as exc:
-            raise ConfigError(
-                f"the tuning history {self.path} is unreadable ({exc})",
-                hint="delete it to start over, or pass another workspace",
-            ) from exc
+        except (OSError, ValueError) as exc:
+            raise self._unreadable(str(exc)) from exc
+        if not isinstance(data, dict):
+            raise self._unreadable(f"it holds a JSON {type(data).__name__}, not an object")
         if data.get("run_key") != self.run_key:
             return
+        trials = data.get("trials", [])
+        if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+            raise self._unreadable("its 'trials' is not a list of trial objects")
+        try:
+            records = [TrialRecord.from_json(t) for t in trials]
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise self._unreadable(f"a trial is malformed: {type(exc).__name__}: {exc}") from exc
+        for record in records:
+            if not isinstance(record.index, int) or not isinstance(record.fingerprint, str):
+                raise self._unreadable(
+                    f"trial {record.index!r} has no whole-number index or no text fingerprint"
+                )
         for record in records:
             record.resumed = True
             self.trials[record.index] = record
             self._by_fingerprint.setdefault(record.fingerprint, record)
+
+    def _unreadable(self, why: str) -> ConfigError:
+        return ConfigError(
+            f"the tuning history {self.path} is unreadable ({why}); lpq left it as it is",
+            hint="move it away (or delete it) to start this run over, or pass another --workspace",
+        )
 
     @property
     def resumed_trials(self) -> int:
