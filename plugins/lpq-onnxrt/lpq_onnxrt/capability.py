@@ -9,21 +9,19 @@ tensors is not a float op at all).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from importlib import resources
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lpq
 from lpq.plan.cpu_defaults import order_for_cpu
 
-from . import graph
+from . import graph, model_io
+from .info import DISTRIBUTION, FRAMEWORK, capability_files
 
 if TYPE_CHECKING:
     import onnx
 
-FRAMEWORK = "onnxrt"
-DISTRIBUTION = "onnxruntime"
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
 # Op types whose weight (second input) must be a constant for these modes.
 _WEIGHT_MODES = {"dynamic", "weight_only"}
@@ -33,10 +31,6 @@ _COMPUTE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 # quantized alone they add error for no measurable speed (bench: MatMul stack), and a
 # user who excludes a layer expects its bias to stay with it.
 _ELEMENTWISE = {"Add", "Mul"}
-
-
-def capability_files() -> list[Path]:
-    return [Path(str(resources.files("lpq_onnxrt.capabilities").joinpath("onnxrt.yaml")))]
 
 
 @functools.cache
@@ -61,9 +55,19 @@ def _is_float_op(node: onnx.NodeProto, types: Mapping[str, int]) -> bool:
     return known in _FLOAT_TYPES
 
 
+def query_capability(
+    model: Any, dataloader: Iterable[Any] | None, options: Mapping[str, Any]
+) -> lpq.FrameworkCapability:
+    """The ``lpq_query_fw_capability`` job: the capability of the prepared ``model`` (a
+    path, proto or quantized model). ``dataloader`` is not needed: ORT's capability
+    follows from the graph alone."""
+    return build_capability(model_io.prepare(model).model, options)
+
+
 def build_capability(
     model: onnx.ModelProto, options: Mapping[str, Any] | None = None
 ) -> lpq.FrameworkCapability:
+    """The capability of an already prepared ``model`` (see the module docstring)."""
     spec = load_spec(options)
     types = graph.tensor_types(model)
     constants = {init.name for init in model.graph.initializer}
@@ -115,8 +119,13 @@ def _is_2d_weight(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
     return False
 
 
-def fused_patterns(model: onnx.ModelProto) -> list[tuple[str, ...]]:
-    """The capability patterns that occur in ``model`` as chains of single-use tensors."""
+def fused_patterns(model: Any) -> list[tuple[str, ...]]:
+    """The capability patterns that occur in the prepared ``model`` as chains of
+    single-use tensors (ORT fuses those chains, so they are tuned together)."""
+    return _patterns_in(model_io.prepare(model).model)
+
+
+def _patterns_in(model: onnx.ModelProto) -> list[tuple[str, ...]]:
     spec = load_spec()
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:

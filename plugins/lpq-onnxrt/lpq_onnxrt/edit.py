@@ -1,5 +1,5 @@
-"""Editing models after quantization: the optional hooks ``lpq_set_tensor``,
-``lpq_quantize_input`` and ``lpq_convert``.
+"""Editing models after quantization: the optional hooks ``lpq_set_tensor`` and
+``lpq_quantize_input`` (``lpq_convert`` is :mod:`lpq_onnxrt.export`).
 
 ``set_tensor`` writes a new value into a weight or bias: a float initializer is replaced;
 a quantized one (a ``DequantizeLinear`` fed by ``<name>_quantized``) is re-quantized with
@@ -22,9 +22,6 @@ import lpq
 
 from .model_io import copy_model, to_proto
 from .qmodel import QuantizedModel
-
-#: Targets ``lpq_convert`` offers for ONNX models.
-CONVERT_TARGETS = ("onnx",)
 
 
 def _initializers(proto: Any) -> dict[str, Any]:
@@ -164,14 +161,3 @@ def _strip(graph: Any, inits: dict[str, Any], node: Any, value_info: Any, inner:
         "zero_point": zero_point.tolist(),
         "dtype": str(zero_point.dtype),
     }
-
-
-def convert(model: Any, target: str, options: dict[str, Any]) -> Any:
-    """``onnx``: the model's ONNX proto (QDQ or QOperator as quantized)."""
-    if target not in CONVERT_TARGETS:
-        raise lpq.ModelError(
-            f"the onnxrt adaptor cannot convert to {target!r}",
-            hint=f"targets it offers: {', '.join(CONVERT_TARGETS)}",
-        )
-    proto = model.proto if isinstance(model, QuantizedModel) else to_proto(model)
-    return copy_model(proto)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lpq import DataError, EvalResult, LatencyMeasurer, Metric, evaluate_batches
 
 from . import model_io
-from .feeds import iter_batches
+from .data import iter_batches
 from .latency import measuring_options
 from .qmodel import QuantizedModel
 from .session import create_session

@@ -17,7 +17,7 @@ import numpy as np
 from lpq import ConfigError, DataError, Inspection
 
 from . import model_io
-from .feeds import iter_batches
+from .data import iter_batches
 from .graph import follow_activation
 from .qmodel import QuantizedModel
 from .session import create_session
@@ -112,13 +112,16 @@ def _weight_values(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, np
     return values
 
 
-def inspect(
+def inspect_tensor(
     model: Any,
     dataloader: Iterable[Any],
     op_names: Sequence[str] | None,
     kind: str,
     iteration: int | None,
 ) -> Inspection:
+    """The ``lpq_inspect_tensor`` job: activations (over ``iteration`` batches at most)
+    and/or weights of ``op_names`` (default: every op of the capability), keyed by fp32
+    node name, so the tuner can compare an fp32 and a quantized model op by op."""
     if kind not in ("activation", "weight", "both"):
         raise ConfigError(
             f"unknown inspection kind {kind!r}", hint="use activation, weight or both"

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from lpq import ModelError
 
+from .info import is_onnx_model
+
 if TYPE_CHECKING:
     import onnx
 
@@ -48,12 +50,6 @@ class PreparedModel:
     model: onnx.ModelProto
     key: str
     source: str
-
-
-def is_onnx_model(model: Any) -> bool:
-    """True for ``onnx.ModelProto`` objects, checked without importing onnx."""
-    cls = type(model)
-    return cls.__name__ == "ModelProto" and cls.__module__.startswith("onnx")
 
 
 def opset_of(model: onnx.ModelProto) -> int:

@@ -45,3 +45,12 @@ class QuantizedModel:
             f"QuantizedModel({len(self.proto.graph.node)} nodes, {quantized} ops quantized, "
             f"{len(self.ranges)} calibrated tensors)"
         )
+
+
+def resolved_config(model: Any) -> TuneConfig | None:
+    """The ``lpq_resolved_config`` job: the tune_cfg with ``auto`` range algorithms spelled
+    out, so that quantizing with it again gives the same model. None after latency-aware
+    decisions (quantizing again would measure anew) and when nothing was resolved."""
+    if not isinstance(model, QuantizedModel) or model.range_choice is None:
+        return None
+    return model.tune_cfg if model.latency is None else None

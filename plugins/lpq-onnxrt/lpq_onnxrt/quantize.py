@@ -10,7 +10,7 @@ Passes, in order, each touching only the nodes the tune_cfg gives it:
 2. **dynamic** (DynamicQuantizeLinear + MatMulInteger/ConvInteger), one pass per distinct
    weight setting.
 3. **weight_only** (MatMulNBits), one pass per (bits, block size, scheme).
-4. **float fallbacks** to fp16/bf16 (casts around the node, see :mod:`.convert`).
+4. **float fallbacks** to fp16/bf16 (casts around the node, see :mod:`.lowp`).
 
 Ops set to fp32 are excluded from every pass. The input model is never modified. The
 result, and every candidate latency-aware quantization times, carries no inferred inner
@@ -59,9 +59,18 @@ def _quant_type(dtype: str) -> Any:
 
 
 def quantize(
-    model: Any, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any] | None
+    model: Any,
+    tune_cfg: TuneConfig,
+    calib_dataloader: Iterable[Any] | None,
+    train_func: Callable[[Any], Any] | None = None,
 ) -> QuantizedModel:
-    """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring."""
+    """Calibrate and quantize ``model`` as ``tune_cfg`` says; see the module docstring.
+    Post-training only: ORT cannot train, so a ``train_func`` is a ConfigError."""
+    if train_func is not None:
+        raise ConfigError(
+            "the onnxrt adaptor does only post-training quantization",
+            hint="quantization-aware training needs a training framework (lpq-torch)",
+        )
     prepared = model_io.prepare(model)
     base = prepared.model
     model_key = prepared.key
@@ -259,9 +268,9 @@ def quantize(
         if groups[mode]:
             work = run_pass(work, groups[mode], tune_cfg.options)
     if floats:
-        from .convert import convert_nodes
+        from .lowp import cast_nodes
 
-        work = convert_nodes(work, floats)
+        work = cast_nodes(work, floats)
     graph.drop_inner_shapes(work)
     graph.topological_sort(work)
     options = dict(tune_cfg.options)
@@ -397,7 +406,7 @@ def _latency_decision(
 ) -> latency.LatencyDecision:
     """Measure (or read from the cache) which static ops int8 makes slower here, and which
     run faster (or as fast, more faithfully) dynamically quantized."""
-    from .feeds import batched_feed, input_specs
+    from .data import batched_feed, input_specs
 
     options = tune_cfg.options
     feeds = ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)

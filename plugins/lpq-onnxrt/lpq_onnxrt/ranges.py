@@ -17,7 +17,7 @@ import numpy as np
 
 import lpq
 
-from .feeds import iter_batches
+from .data import iter_batches
 
 if TYPE_CHECKING:
     import onnx

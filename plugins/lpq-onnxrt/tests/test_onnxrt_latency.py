@@ -424,7 +424,7 @@ def test_latency_batch_size_times_at_the_deployment_batch(pm, mlp_model, calib_l
 
 
 def test_batched_feed_stacks_on_each_inputs_batch_axis():
-    from lpq_onnxrt.feeds import InputSpec, batched_feed
+    from lpq_onnxrt.data import InputSpec, batched_feed
 
     specs = [
         InputSpec("input", np.float32, (None, 576)),

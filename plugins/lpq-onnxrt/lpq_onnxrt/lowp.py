@@ -23,8 +23,11 @@ _ONNX_TYPE = {"fp16": 10, "bf16": 16}
 _FLOAT32 = 1
 
 
-def convert_nodes(model: onnx.ModelProto, precisions: Mapping[str, str]) -> onnx.ModelProto:
-    """A copy of ``model`` with each named node run in its precision (fp16 / bf16)."""
+def cast_nodes(model: onnx.ModelProto, precisions: Mapping[str, str]) -> onnx.ModelProto:
+    """A copy of ``model`` with each named node run in its precision (fp16 / bf16).
+
+    Also the last pass of :func:`lpq_onnxrt.quantize.quantize`, for ops a tune_cfg keeps
+    in low-precision float."""
     from onnx import helper
 
     from .graph import tensor_types
@@ -104,17 +107,18 @@ def _check_kernels(
         ) from None
 
 
-def convert(model: Any, op_names: Sequence[str], dtype: str) -> Any:
-    """The ``lpq_convert_bf16`` implementation: fp32 or quantized model in, same kind out."""
+def cast_lowp(model: Any, op_names: Sequence[str], dtype: str) -> Any:
+    """The ``lpq_convert_bf16`` job: ``op_names`` run in ``dtype``; an fp32 model (path or
+    proto) gives a proto, a quantized model a quantized model."""
     from .qmodel import QuantizedModel
 
     precisions = dict.fromkeys(op_names, dtype)
     if isinstance(model, QuantizedModel):
         return QuantizedModel(
-            convert_nodes(model.proto, precisions),
+            cast_nodes(model.proto, precisions),
             model.tune_cfg,
             dict(model.ranges),
             dict(model.options),
         )
     prepared = model_io.prepare(model)
-    return convert_nodes(prepared.model, precisions)
+    return cast_nodes(prepared.model, precisions)
