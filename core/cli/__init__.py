@@ -92,7 +92,7 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             f"{fw['framework']} ({fw['distribution']} {fw['installed'] or 'not installed'})"
             for fw in record.frameworks
         )
-        status = f"[{colors.get(record.status.value, 'white')}]{record.status.value}[/]"
+        status = f"[{colors.get(record.status.value, 'white')}]{_status_text(record)}[/]"
         listing.add_row(
             record.name,
             record.distribution,
@@ -114,6 +114,16 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
             console.print(f"[bold]{record.name}[/]: {record.message.splitlines()[0]}")
             if record.hint:
                 console.print(f"  hint: {record.hint}")
+
+
+def _status_text(record: Any) -> str:
+    """A plugin's status as a user reads it: "ok" alone would claim a plugin whose framework
+    is not installed can quantize; say what it can do instead."""
+    status: str = record.status.value
+    missing = [fw["framework"] for fw in record.frameworks if not fw["installed"]]
+    if status == "ok" and missing:
+        return f"ok ({', '.join(missing)} not installed: cannot quantize)"
+    return status
 
 
 _SHORT_HOOK_NAMES = {

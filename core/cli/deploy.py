@@ -32,6 +32,9 @@ from ..errors import ConfigError
     help="Batch size for reading the .npz data.",
 )
 @click.option("--opset", type=click.IntRange(min=13), default=17, show_default=True)
+@click.option(
+    "--force", is_flag=True, help="Write into --out even where that overwrites MODEL or --calib."
+)
 def deploy_command(
     model: str,
     backend: str,
@@ -40,6 +43,7 @@ def deploy_command(
     calib_size: int,
     batch_size: int,
     opset: int,
+    force: bool,
 ) -> None:
     """Quantize MODEL for a hardware backend and write what its tools consume.
 
@@ -59,6 +63,16 @@ def deploy_command(
             "deploy quantizes MODEL for the backend and needs calibration data",
             hint="pass --calib calib.npz (one array per model input)",
         )
+    from ..plugins.manager import get_plugin_manager
+    from .checks import check_data_paths, check_names, check_out_folder, refuse_overwrite
+
+    check_names(get_plugin_manager(), backend=backend)
+    check_data_paths(calib)
+    check_out_folder(out, "--out")
+    # deploy writes OUT/model.onnx and the backend's files beside it
+    refuse_overwrite(
+        Path(out) / "model.onnx", {"the model": model, "the --calib data": calib}, force
+    )
     conf = PostTrainingQuantConfig(calibration_sampling_size=calib_size)
     result = deploy(model, backend, out, load_npz(calib, batch_size), conf=conf, opset=opset)
     console = Console(highlight=False)

@@ -103,6 +103,10 @@ def diagnose_command(
         )
     if not Path(model).exists():
         raise ConfigError(f"model {model} does not exist", hint="check the path")
+    from .checks import check_data_paths, check_out_folder
+
+    check_data_paths(data, calib)
+    check_out_folder(folder, "--out")
     framework = framework or pm.detect_framework(model)
     qmodel: Any = pm.load_model(framework, quantized) if quantized else None
     console = make_console()

@@ -284,16 +284,27 @@ FOREIGN_WEIGHT_ERROR = 0.5
 
 
 def _weight_error(fp32: dict[str, np.ndarray], quantized: dict[str, np.ndarray]) -> float:
-    """Relative RMS difference of an op's weights, paired by size (the tensor names of a
-    quantized model differ); inf when the op's weights do not even have the same sizes."""
-    f = sorted((np.asarray(v, np.float64) for v in fp32.values()), key=lambda a: a.size)
-    q = sorted((np.asarray(v, np.float64) for v in quantized.values()), key=lambda a: a.size)
-    if [a.size for a in f] != [a.size for a in q]:
-        return math.inf
-    if not f:
+    """Relative RMS difference of an op's weights: tensors of the same name (a quantized
+    op may keep fewer, e.g. its bias in int32 elsewhere), else the largest of each when
+    the names differ; inf when those do not even have the same size."""
+    shared = [name for name in fp32 if name in quantized]
+    if shared:
+        pairs = [
+            (np.asarray(fp32[n], np.float64), np.asarray(quantized[n], np.float64)) for n in shared
+        ]
+    elif fp32 and quantized:
+        pairs = [
+            (
+                np.asarray(max(fp32.values(), key=np.size), np.float64),
+                np.asarray(max(quantized.values(), key=np.size), np.float64),
+            )
+        ]
+    else:
         return 0.0
-    fv = np.concatenate([a.reshape(-1) for a in f])
-    qv = np.concatenate([a.reshape(-1) for a in q])
+    if any(f.size != q.size for f, q in pairs):
+        return math.inf
+    fv = np.concatenate([f.reshape(-1) for f, _ in pairs])
+    qv = np.concatenate([q.reshape(-1) for _, q in pairs])
     return _rms(qv - fv) / max(_rms(fv), 1e-12)
 
 
