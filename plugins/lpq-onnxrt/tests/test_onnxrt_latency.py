@@ -69,12 +69,12 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
     from lpq_onnxrt import model_io, ranges
     from lpq_onnxrt.capability import build_capability, load_spec
     from lpq_onnxrt.fallback import read_float_inputs
-    from lpq_onnxrt.quantize import _static_pass
+    from lpq_onnxrt.passes.static import static_pass
 
     prepared = model_io.prepare(str(lpq_sample_model))
     cap = build_capability(prepared.model)
     defaults = {k: cap.default_op_config(k) for k in cap.opwise}
-    # _static_pass takes resolved algorithms (quantize resolves the default, auto).
+    # static_pass takes resolved algorithms (quantize resolves the default, auto).
     cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
     candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
     stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
@@ -86,7 +86,7 @@ def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
         ops = {n: c for (n, _), c in cfg.ops.items() if n not in fp32_ops}
         model = model_io.copy_model(prepared.model)
         if ops:
-            model, _ = _static_pass(model, ops, cfg, stats, fmt)
+            model, _ = static_pass(model, ops, cfg, stats, fmt)
         return read_float_inputs(model, prepared.model, list(fp32_ops))
 
     feed = {"input": np.zeros((1, 1, 8, 8), np.float32)}

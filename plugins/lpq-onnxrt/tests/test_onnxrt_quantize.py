@@ -637,9 +637,9 @@ def test_expected_ort_quantizer_warnings_go_to_the_debug_log(caplog):
     the user."""
     import logging
 
-    from lpq_onnxrt.quantize import _quiet_quantizer
+    from lpq_onnxrt.passes.quantizer import quiet_quantizer
 
-    with caplog.at_level("DEBUG"), _quiet_quantizer():
+    with caplog.at_level("DEBUG"), quiet_quantizer():
         logging.warning("Inference failed or unsupported type to quantize for tensor 'g'")
         logging.warning("Please check if the model is already quantized.")
         logging.warning("something else went wrong")

@@ -52,10 +52,10 @@ def _algorithms(cfg: lpq.TuneConfig) -> set[str]:
 def _measured_error(model: onnx.ModelProto, fp32: Any, cfg: lpq.TuneConfig, loader: Any) -> float:
     """``model``'s output error as quantize measures it (same calibration batches)."""
     from lpq_onnxrt import latency, model_io
-    from lpq_onnxrt.quantize import _error_feeds
+    from lpq_onnxrt.passes.static_plan import error_feeds
 
     prepared = model_io.prepare(fp32).model
-    feeds, found = _error_feeds(prepared, cfg, loader)
+    feeds, found = error_feeds(prepared, cfg, loader)
     return latency.output_error(cfg.options, feeds, prepared, found)(model)
 
 

@@ -1,0 +1,369 @@
+"""Settling the static plan, then running the static pass.
+
+The static ops of a tune_cfg go through, in order: calibration (lpq's streaming
+statistics); with ``latency_aware``, the measured decisions (format, ops kept fp32, ops
+run dynamically instead, see :mod:`lpq_onnxrt.latency`); the ``auto`` activation range
+algorithms resolved on the graph that ships (:mod:`lpq_onnxrt.range_choice`); the
+accuracy recipes (:mod:`lpq_onnxrt.recipes`, then calibrated again); and finally
+:func:`.static.static_pass`. Every candidate built on the way is shaped as it will ship
+(inner shapes dropped, see :func:`lpq_onnxrt.graph.drop_inner_shapes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lpq import ConfigError, DataError, OpConfig, TuneConfig
+
+from .. import graph, latency, model_io, range_choice, ranges, recipes, streams
+from .dynamic import dynamic_alternatives
+from .static import static_pass
+
+if TYPE_CHECKING:
+    import onnx
+
+    from ..calibration import CalibrationStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StaticResult:
+    """What the static ops became, for :func:`lpq_onnxrt.quantize.quantize` to finish."""
+
+    model: onnx.ModelProto
+    #: the fp32 model the static ops were quantized from (recipes applied, if any)
+    base: onnx.ModelProto
+    #: the tune_cfg as applied: decided fallbacks and dynamic ops, resolved algorithms
+    tune_cfg: TuneConfig
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: static ops latency-aware quantization moved to the dynamic pass, with their configs
+    dynamic_ops: dict[str, OpConfig] = field(default_factory=dict)
+    decision: latency.LatencyDecision | None = None
+    range_choice: range_choice.RangeChoice | None = None
+
+
+class _Candidates:
+    """Builds the candidate models of one static plan (the decisions and the range choice
+    compare them) from one calibration, and measures their output error."""
+
+    def __init__(
+        self,
+        prepared: model_io.PreparedModel,
+        tune_cfg: TuneConfig,
+        calib_dataloader: Iterable[Any],
+        static_ops: Mapping[str, OpConfig],
+    ) -> None:
+        from ..capability import load_spec
+
+        self.prepared = prepared
+        self.tune_cfg = tune_cfg
+        self.calib_dataloader = calib_dataloader
+        self.op_types = load_spec().quantizable_op_types()
+        self.stats = self.calibrate(prepared.model, prepared.key)
+        self.float_ops = [name for (name, _), cfg in tune_cfg.ops.items() if not cfg.quantized]
+        self.dynamic_configs = dynamic_alternatives(prepared.model, tune_cfg, static_ops)
+        # The calibration feeds are read and their streams found once; one output-error
+        # function on all of them (its fp32 reference outputs computed once), and, for
+        # narrowing, one on each half.
+        self._error_feeds = functools.cache(
+            lambda: error_feeds(prepared.model, tune_cfg, calib_dataloader)
+        )
+        self.output_error = functools.cache(lambda: self.error_on((0, 1)))
+
+    def calibrate(self, model: onnx.ModelProto, key: str) -> CalibrationStats:
+        from ..calibration import memory_budget
+
+        return ranges.statistics(
+            model,
+            key,
+            ranges.calibration_candidates(model, self.op_types),
+            self.calib_dataloader,
+            self.tune_cfg.calib_sampling_size,
+            memory_budget_bytes=memory_budget(self.tune_cfg.options),
+        )
+
+    def build(
+        self,
+        plan: Mapping[str, OpConfig],
+        fp32_ops: frozenset[str],
+        form: str,
+        dynamic_ops: frozenset[str] = frozenset(),
+        range_scales: Mapping[str, float] | None = None,
+    ) -> onnx.ModelProto:
+        """``plan`` in format ``form``, but ``fp32_ops`` in fp32 and ``dynamic_ops``
+        quantized dynamically."""
+        from ..fallback import read_float_inputs
+        from .dynamic import dynamic_pass
+
+        base = self.prepared.model
+        static = {n: c for n, c in plan.items() if n not in fp32_ops and n not in dynamic_ops}
+        built = model_io.copy_model(base)
+        if static:
+            built, _ = static_pass(built, static, self.tune_cfg, self.stats, form, range_scales)
+        built = read_float_inputs(built, base, [*self.float_ops, *fp32_ops, *dynamic_ops])
+        if dynamic_ops:
+            dyn = {n: self.dynamic_configs[n] for n in dynamic_ops}
+            built = dynamic_pass(built, dyn, self.tune_cfg.options)
+        return graph.drop_inner_shapes(built)  # timed as it will ship
+
+    def builder(self, plan: Mapping[str, OpConfig]) -> latency.Builder:
+        def build(
+            fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
+        ) -> onnx.ModelProto:
+            return self.build(plan, fp32_ops, form, dynamic_ops)
+
+        return build
+
+    def error_on(self, part: tuple[int, int]) -> Callable[[onnx.ModelProto], float]:
+        feeds, found = self._error_feeds()
+        return latency.output_error(self.tune_cfg.options, feeds, self.prepared.model, found, part)
+
+
+def quantize_static(
+    prepared: model_io.PreparedModel,
+    tune_cfg: TuneConfig,
+    static_ops: Mapping[str, OpConfig],
+    calib_dataloader: Iterable[Any] | None,
+    fmt: str,
+) -> StaticResult:
+    """Calibrate, settle and quantize ``static_ops`` of ``prepared`` (see the module
+    docstring); ``fmt`` is "qdq", "qoperator" or "auto" (measured, else QDQ)."""
+    if calib_dataloader is None:
+        raise DataError(
+            "static quantization needs calibration data, but none was given",
+            hint="pass calibration data, or use dynamic / weight-only quantization",
+        )
+    candidates = _Candidates(prepared, tune_cfg, calib_dataloader, static_ops)
+    result = StaticResult(prepared.model, prepared.model, tune_cfg)
+    plan = dict(static_ops)
+    auto = set(range_choice.auto_ops(plan))
+    fp32_ops: frozenset[str] = frozenset()
+    if latency.enabled(tune_cfg.options):
+        plan = _decide_latency(candidates, plan, fmt, result)
+        assert result.decision is not None
+        fmt = result.decision.quant_format
+        fp32_ops = frozenset(result.decision.fp32_ops)
+    if fmt == "auto":
+        fmt = "qdq"
+    resolving = auto & set(plan)
+    if resolving:
+        plan = _resolve_ranges(candidates, plan, resolving, fmt, fp32_ops, result)
+    _apply(candidates, plan, fmt, result)
+    return result
+
+
+def _decide_latency(
+    candidates: _Candidates, plan: dict[str, OpConfig], fmt: str, result: StaticResult
+) -> dict[str, OpConfig]:
+    """The measured decisions, recorded in ``result``; returns the ops left static.
+
+    Decided on the plain model (the recipes change values, not the graph's shape), with
+    minmax ranges: the requested ones (``auto``: chosen afterwards) go on the graph the
+    decisions leave."""
+    tune_cfg = candidates.tune_cfg
+    for_decisions = range_choice.for_decisions(plan)
+    decision = latency_decision(
+        candidates.prepared,
+        tune_cfg,
+        for_decisions,
+        candidates.calib_dataloader,
+        fmt,
+        candidates.builder(for_decisions),
+        list(candidates.dynamic_configs),
+        candidates.output_error(),
+    )
+    fp32_decided = frozenset(decision.fp32_ops)
+    dynamic_decided = frozenset(decision.dynamic_ops)
+    changed: dict[tuple[str, str], OpConfig] = {
+        key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in fp32_decided
+    }
+    for key in tune_cfg.ops:
+        if key[0] in dynamic_decided:
+            changed[key] = result.dynamic_ops[key[0]] = candidates.dynamic_configs[key[0]]
+    result.tune_cfg = result.tune_cfg.with_ops(changed)
+    result.decision = decision
+    decided = fp32_decided | dynamic_decided
+    return {name: cfg for name, cfg in plan.items() if name not in decided}
+
+
+def _resolve_ranges(
+    candidates: _Candidates,
+    plan: dict[str, OpConfig],
+    resolving: set[str],
+    fmt: str,
+    fp32_ops: frozenset[str],
+    result: StaticResult,
+) -> dict[str, OpConfig]:
+    """``auto`` algorithms chosen on the graph that ships (format, fp32 and dynamic ops
+    decided): on Silero VAD the best algorithm for the QDQ graph is the worst for
+    QOperator. Records the choice in ``result``; returns the resolved plan."""
+    base = candidates.prepared.model
+    tune_cfg = candidates.tune_cfg
+    dynamic_ops = frozenset(result.dynamic_ops)
+    narrowing = None
+    if len(plan) <= range_choice.NARROW_MAX_OPS:
+        outputs = {output.name for output in base.graph.output}
+        available = set(candidates.stats.tensor_names())
+        narrowing = range_choice.Narrowing(
+            [
+                name
+                for name in ranges.activation_tensors(base, resolving)
+                if name in available and name not in outputs
+            ],
+            [candidates.error_on((k, 2)) for k in range(2)],
+        )
+    plan, chosen = range_choice.resolve(
+        plan,
+        lambda trial, scales: candidates.build(
+            trial, fp32_ops, fmt, dynamic_ops, range_scales=scales
+        ),
+        candidates.output_error(),
+        narrowing,
+    )
+    effective = result.tune_cfg.with_ops(
+        {key: plan[key[0]] for key in tune_cfg.ops if key[0] in resolving}
+    )
+    if chosen is not None and chosen.narrowed:
+        recorded = range_choice.scales_from(tune_cfg.options)
+        effective = effective.with_options(
+            {range_choice.SCALES_OPTION: {**recorded, **chosen.narrowed}}
+        )
+    result.tune_cfg, result.range_choice = effective, chosen
+    return plan
+
+
+def _apply(
+    candidates: _Candidates, plan: dict[str, OpConfig], fmt: str, result: StaticResult
+) -> None:
+    """The recipes (on the ops that stay int8), then the static pass over ``plan``, and
+    float inputs for every op left float or dynamic."""
+    from ..fallback import read_float_inputs
+
+    prepared, tune_cfg = candidates.prepared, candidates.tune_cfg
+    base, stats = prepared.model, candidates.stats
+    work = model_io.copy_model(base)
+    chosen = recipes.requested(tune_cfg.options)
+    if chosen and plan:  # only for the ops that stay int8
+        base = recipes.apply(
+            base,
+            tune_cfg.options,
+            lambda: ranges.limited_feeds(
+                prepared.model, candidates.calib_dataloader, tune_cfg.calib_sampling_size
+            ),
+            plan,
+        )
+        model_key = f"{prepared.key}|{json.dumps(chosen, sort_keys=True, default=str)}"
+        work = model_io.copy_model(base)
+        stats = candidates.calibrate(base, model_key)
+    if plan:
+        work, result.ranges = static_pass(
+            work, plan, tune_cfg, stats, fmt, range_choice.scales_from(result.tune_cfg.options)
+        )
+    # Ops kept float, and dynamic ops (they quantize their float input themselves; a
+    # DequantizeLinear in front would be quantized twice, under the same name).
+    fp32_now = [
+        name
+        for (name, _), cfg in result.tune_cfg.ops.items()
+        if not cfg.quantized or cfg.mode == "dynamic"
+    ]
+    result.model = read_float_inputs(work, base, fp32_now)
+    result.base = base
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def latency_batch_size(options: Mapping[str, Any]) -> int | None:
+    """``latency_batch_size`` (or env ``LPQ_LATENCY_BATCH_SIZE``): the batch to time at."""
+    value = options.get("latency_batch_size") or os.environ.get("LPQ_LATENCY_BATCH_SIZE")
+    if value in (None, "", 0, "0"):
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1:
+        raise ConfigError(
+            f"latency_batch_size must be a whole number >= 1, not {value!r}",
+            hint="set it to the batch size the model is deployed at (e.g. 8)",
+        )
+    return size
+
+
+def error_feeds(
+    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
+) -> tuple[list[dict[str, np.ndarray]], streams.Streams | None]:
+    """The calibration feeds output errors are measured on: a spread of batches, or, when
+    the calibration data was recorded from streams, all of it and its streams (see
+    :mod:`streams`)."""
+    from ..session import create_session
+
+    feeds = list(ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size))
+    session = create_session(model, latency.measuring_options(tune_cfg.options))
+    found = streams.find(lambda feed: session.run(None, dict(feed)), feeds)
+    if found is None:
+        return latency.spread(feeds, latency.ERROR_BATCHES), None
+    log.info(
+        "calibration data is %d stream(s), state %s: output error measured on streams",
+        len(found.chains),
+        ", ".join(found.links),
+    )
+    return feeds, found
+
+
+def latency_decision(
+    prepared: model_io.PreparedModel,
+    tune_cfg: TuneConfig,
+    static_ops: Mapping[str, OpConfig],
+    calib_dataloader: Iterable[Any],
+    fmt: str,
+    build: latency.Builder,
+    dynamic: list[str],
+    error: Callable[[onnx.ModelProto], float],
+) -> latency.LatencyDecision:
+    """Measure (or read from the cache) which static ops int8 makes slower here, and which
+    run faster (or as fast, more faithfully) dynamically quantized."""
+    from ..data import batched_feed, input_specs
+
+    options = tune_cfg.options
+    feeds = ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
+    batch = latency_batch_size(options)
+    # At the batch the user deploys: calibration samples stacked (cycled); else the first.
+    feed = next(feeds) if batch is None else batched_feed(input_specs(prepared.model), feeds, batch)
+    plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
+    context = latency.cache_context(prepared.key, feed, options)
+    key = latency.cache_key(context, plan)
+    folder = latency.cache_dir(options)
+    cached = latency.load_cached(folder, key) or latency.derived(folder, context, plan)
+    if cached is not None:
+        log.info("latency decisions from the cache (%d ops kept fp32)", len(cached.fp32_ops))
+        return cached
+    ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
+    formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
+    timer = latency.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
+    # The fp32 side of every comparison, shaped as the candidates are (see build_plan).
+    fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
+    blame = latency.profile_blame(options, feed, fp32, [n for n, _ in ops])
+    decision = latency.decide(
+        build,
+        fp32,
+        ops,
+        feed,
+        formats=formats,
+        timer=timer,
+        margin=float(options.get("latency_margin", latency.DEFAULT_MARGIN)),
+        blame=blame,
+        dynamic=dynamic,
+        error=error,
+    )
+    latency.store(folder, key, decision, context, plan)
+    return decision
