@@ -5,8 +5,12 @@
   for one test and restores the previous manager afterwards.
 * :class:`AdaptorConformance`: the contract every adaptor honours. Subclass it in one line
   and provide three fixtures in your ``conftest.py`` (see ``docs/writing-a-plugin.md``).
+* :class:`ConformanceWarning`: what a check new in this minor version emits instead of
+  failing (set ``LPQ_CONFORMANCE_STRICT=1`` to make it fail); :func:`introduced` marks
+  such checks.
 """
 
 from .conformance import AdaptorConformance
+from .introduced import ConformanceFailure, ConformanceWarning, introduced
 
-__all__ = ["AdaptorConformance"]
+__all__ = ["AdaptorConformance", "ConformanceFailure", "ConformanceWarning", "introduced"]

@@ -20,15 +20,28 @@ loaded (as ``LPQ_LOAD_PLUGINS=<its name>`` would), so another installed plugin t
 broken fails its own check, ``test_other_installed_plugins_load``, and nothing else.
 
 The tests use only the public facade, exactly as the tuner does. They are grouped by what
-they prove: registration, detection, capability, quantization, inspection, persistence,
-errors.
+they prove: registration, detection, capability, quantization, proof that quantization
+happened, labels, inspection, persistence, errors.
+
+**Calibration and scoring share samples.** Every quantizing check calibrates on the first
+16 samples of ``lpq_sample_data`` (``calib_sampling_size=16``, the batches
+``lpq.take_samples`` yields) and then scores *every* batch of it, those 16 included. The
+step bounds below are measured that way; a model calibrated on too few samples for its
+data sees its later batches clip.
+
+**New checks warn first.** A check marked ``@introduced("0.2")`` only emits a
+:class:`ConformanceWarning` while core is at most 0.2, and fails from 0.3 on (or at once
+with ``LPQ_CONFORMANCE_STRICT=1``); see :mod:`lpq.testing.introduced`.
+
+**Optional:** override :meth:`AdaptorConformance.known_op_types` to have the op types of
+your capability YAML checked against the framework's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +62,23 @@ from lpq.eval.data import OutputRecorder
 from lpq.eval.metrics import TopK
 from lpq.plan.capability import FrameworkCapability
 from lpq.plugins.discovery import ENV_ALLOW, ENV_DENY
+from lpq.testing.arrays import CountingLoader, rms, stacked, step
+from lpq.testing.arrays import first as _first
 from lpq.testing.foreign_models import FOREIGN_MODELS, ForeignModel
+from lpq.testing.introduced import introduced
 from lpq.testing.isolation import broken, fresh_plugin_manager, survey_plugins
+from lpq.testing.labels import check_evaluate_uses_labels
+from lpq.testing.op_types import check_op_types_known
+from lpq.testing.proof import (
+    check_outputs_differ_from_fp32,
+    check_reports_integer_ops,
+    check_weights_are_quantized,
+)
+from lpq.testing.subject import CALIB_SAMPLES, Subject, default_tune_cfg
 
-#: A quantized model's outputs may differ from fp32 by this many quantization steps (RMS),
-#: a step being the output's range / 255. Adaptors in this repo: 0.3 to 1.8.
+#: A quantized model's outputs may differ from fp32 by this many quantization steps (RMS
+#: over every sample of ``lpq_sample_data``, after calibrating on its first 16), a step
+#: being the output's range / 255. Adaptors in this repo: 0.3 to 1.8.
 OUTPUT_STEPS = 4.0
 #: The typical op (median over quantized ops) may differ by this many steps of its own
 #: activation range (RMS). Correct int8 gives 0.2 to 0.4; scales 10x too coarse give ~3.
@@ -95,12 +120,25 @@ class AdaptorConformance:
         )
         return cap
 
+    @pytest.fixture
+    def lpq_subject(
+        self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
+    ) -> Subject:
+        """The adaptor, sample model and data the new checks (plain functions) run on."""
+        return Subject(pm, self.framework, capability, lpq_sample_model, lpq_sample_data)
+
+    def known_op_types(self) -> Collection[str] | None:
+        """Override to return every op type name the framework has (as your capability
+        YAML spells them), so that ``test_capability_op_types_exist_in_the_framework``
+        can report YAML op types the framework does not know. ``None``: not checked."""
+        return None
+
     @staticmethod
-    def default_tune_cfg(cap: FrameworkCapability, calib_samples: int = 16) -> TuneConfig:
-        return TuneConfig(
-            ops={key: cap.default_op_config(key) for key in cap.opwise},
-            calib_sampling_size=calib_samples,
-        )
+    def default_tune_cfg(
+        cap: FrameworkCapability, calib_samples: int = CALIB_SAMPLES
+    ) -> TuneConfig:
+        """Every op at its default config, calibrating on ``calib_samples`` samples."""
+        return default_tune_cfg(cap, calib_samples)
 
     def _quantize(self, pm: Any, cap: FrameworkCapability, model: Any, data: Any) -> Any:
         return pm.quantize(self.framework, model, self.default_tune_cfg(cap), data)
@@ -186,20 +224,27 @@ class AdaptorConformance:
         self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
     ) -> None:
         """Output error against the output's quantization step: scales that are too coarse
-        (or wrongly computed) show here long before top-1 accuracy moves."""
+        (or wrongly computed) show here long before top-1 accuracy moves.
+
+        Calibrates on the first 16 samples of ``lpq_sample_data``, then scores all of it
+        (the 16 included): data whose later batches range wider than the first 16 clip."""
         qmodel = self._quantize(pm, capability, lpq_sample_model, lpq_sample_data)
-        fp32 = _stacked(self._outputs(pm, lpq_sample_model, lpq_sample_data))
-        quantized = _stacked(self._outputs(pm, qmodel, lpq_sample_data))
+        fp32 = stacked(self._outputs(pm, lpq_sample_model, lpq_sample_data))
+        quantized = stacked(self._outputs(pm, qmodel, lpq_sample_data))
         assert quantized.shape == fp32.shape
-        steps = _rms(quantized - fp32) / _step(fp32)
+        steps = rms(quantized - fp32) / step(fp32)
         assert steps <= OUTPUT_STEPS, (
-            f"quantized outputs differ from fp32 by {steps:.2f} quantization steps (RMS; a "
-            f"step is the output range / 255); expected at most {OUTPUT_STEPS}"
+            f"quantized outputs differ from fp32 by {steps:.2f} quantization steps; expected "
+            f"at most {OUTPUT_STEPS} (RMS over all {len(fp32)} samples of lpq_sample_data, "
+            f"after calibrating on its first {CALIB_SAMPLES}; a step is the fp32 output's "
+            "range / 255; correct int8 gives 0.3 to 1.8)"
         )
 
     def test_each_op_error_is_about_one_quantization_step(
         self, pm: Any, capability: FrameworkCapability, lpq_sample_model: Any, lpq_sample_data: Any
     ) -> None:
+        """Each quantized op's first output against fp32's, on the first batch of
+        ``lpq_sample_data`` (part of the 16 calibration samples when batches are small)."""
         cfg = self.default_tune_cfg(capability)
         names = [name for (name, _), op in cfg.ops.items() if op.quantized]
         qmodel = pm.quantize(self.framework, lpq_sample_model, cfg, lpq_sample_data)
@@ -208,14 +253,17 @@ class AdaptorConformance:
         )
         int8 = pm.inspect_tensor(self.framework, qmodel, lpq_sample_data, names, "activation", 1)
         steps = {
-            name: _rms(int8.activations[name][0] - fp32.activations[name][0])
-            / _step(fp32.activations[name][0])
+            name: rms(int8.activations[name][0] - fp32.activations[name][0])
+            / step(fp32.activations[name][0])
             for name in names
         }
         typical = statistics.median(steps.values())
         assert typical <= OP_STEPS, (
             f"the typical quantized op's output differs from fp32 by {typical:.2f} steps of "
-            f"its own range (RMS; expected at most {OP_STEPS}): "
+            f"its own range; expected at most {OP_STEPS} (median over quantized ops of the "
+            f"RMS on the first batch of lpq_sample_data, after calibrating on its first "
+            f"{CALIB_SAMPLES} samples; a step is the op's fp32 output range / 255; correct "
+            "int8 gives 0.2 to 0.4): "
             + ", ".join(f"{name} {value:.2f}" for name, value in steps.items())
         )
 
@@ -257,7 +305,7 @@ class AdaptorConformance:
         calibration data (``lpq.take_samples`` does this)."""
         first = next(iter(lpq_sample_data))
         per_batch = batch_size(split_batch(first)[0])
-        counting = _CountingLoader(lpq_sample_data)
+        counting = CountingLoader(lpq_sample_data)
         if counting.total_samples() < 2 * per_batch:
             pytest.fail("lpq_sample_data must hold at least two batches for this check")
         cfg = self.default_tune_cfg(capability, calib_samples=per_batch)
@@ -266,6 +314,44 @@ class AdaptorConformance:
             f"calibration read {counting.most_in_one_pass} samples in one pass with "
             f"calib_sampling_size={per_batch}"
         )
+
+    # ------------------------------------------------------------------ proof of work
+    # New in 0.2 (warnings until 0.3, failures from then on, or now in strict mode): an
+    # adaptor whose quantize returned the fp32 model while claiming int8 passed them all.
+
+    @introduced("0.2")
+    def test_quantized_ops_report_an_integer_precision(self, lpq_subject: Subject) -> None:
+        """``lpq_quantized_ops`` on a default-config model names at least one op in
+        int8/uint8/int4 (when the capability offers any; not run without that hook)."""
+        check_reports_integer_ops(lpq_subject, lpq_subject.quantize())
+
+    @introduced("0.2")
+    def test_int8_weights_lie_on_a_grid_and_differ_from_fp32(self, lpq_subject: Subject) -> None:
+        """Weights of ops reported int8 (``lpq_inspect_tensor(kind="weight")``, dequantized,
+        keyed by fp32 op names) are ``scale * integer`` per tensor or per channel, with at
+        most 256 values a channel, and not all equal to fp32's."""
+        check_weights_are_quantized(lpq_subject)
+
+    @introduced("0.2")
+    def test_quantized_outputs_differ_from_fp32(self, lpq_subject: Subject) -> None:
+        """On the calibration batches (the first 16 samples), the quantized model's outputs
+        are not bit-identical to fp32's, as an identity quantizer's would be."""
+        check_outputs_differ_from_fp32(lpq_subject)
+
+    # ------------------------------------------------------------------ labels
+
+    @introduced("0.2")
+    def test_evaluate_scores_against_the_labels(self, lpq_subject: Subject) -> None:
+        """The fp32 sample model scores lower on ``lpq_sample_data`` with its labels
+        deranged than with its true labels (needs a model scoring top-1 >= 0.5 on it)."""
+        check_evaluate_uses_labels(lpq_subject)
+
+    @introduced("0.2")
+    def test_capability_op_types_exist_in_the_framework(self, pm: Any) -> None:
+        """Every op type the capability YAML names is in ``known_op_types()`` (override
+        it in your subclass; without it the check warns that it did not run)."""
+        files = pm.adaptor(self.framework).capability_files
+        check_op_types_known(files, self.known_op_types(), self.framework)
 
     # ------------------------------------------------------------------ inspection
 
@@ -375,46 +461,6 @@ class AdaptorConformance:
     def test_loading_a_missing_file_is_a_clear_error(self, pm: Any, tmp_path: Path) -> None:
         with pytest.raises(LpqError):
             pm.load_model(self.framework, tmp_path / "does-not-exist")
-
-
-class _CountingLoader:
-    """Passes a dataloader through, counting the samples read in each pass."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.most_in_one_pass = 0
-
-    def total_samples(self) -> int:
-        return sum(batch_size(split_batch(item)[0]) for item in self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        seen = 0
-        for item in self.loader:
-            seen += batch_size(split_batch(item)[0])
-            self.most_in_one_pass = max(self.most_in_one_pass, seen)
-            yield item
-
-
-def _first(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return value[0]
-    if isinstance(value, dict):
-        return next(iter(value.values()))
-    return value
-
-
-def _stacked(outputs: list[Any]) -> np.ndarray:
-    return np.concatenate([np.asarray(_first(o), np.float64) for o in outputs])
-
-
-def _rms(values: Any) -> float:
-    return float(np.sqrt(np.mean(np.square(np.asarray(values, np.float64)))))
-
-
-def _step(values: Any) -> float:
-    """The int8 quantization step of a tensor's range (zero always representable)."""
-    array = np.asarray(values, np.float64)
-    return max(float(max(array.max(), 0.0) - min(array.min(), 0.0)) / 255, 1e-12)
 
 
 def _file_digest(model: Any) -> str | None:
