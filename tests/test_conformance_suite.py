@@ -80,7 +80,7 @@ def run_suite(project: tuple[Path, FakeSite], **env: str) -> dict[str, str]:
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
         cwd=tests,
-        env=site.env(LPQ_PLUGINS_STRICT="1", **env),
+        env=site.env(LPQ_PLUGINS_STRICT="1", LPQ_CONFORMANCE_STRICT="1", **env),
         capture_output=True,
         text=True,
         timeout=300,
