@@ -197,14 +197,24 @@ class F1:
         return float(np.mean(scores))
 
 
-def label_free_metric(reference: Any) -> tuple[str, str]:
+def label_free_metric(reference: Any, task: str | None = None) -> tuple[str, str]:
     """The metric to compare a model with reference outputs when the data has no labels,
-    chosen from the first reference output, and why (said to the user).
+    chosen from the reference outputs (one batch of the fp32 model's), and why (said to
+    the user).
 
-    Class scores on the last axis (at least 2-D, two or more classes) get per-position
-    top-1 agreement; anything else (a regression value, an embedding of shape ``(N,)``)
-    gets cosine similarity, which works for any shape.
+    A task metric where the outputs say unambiguously which task the model does
+    (:func:`lpq.eval.task_metrics.choose_task_metric`: a YOLO or SSD detector ->
+    ``detection_f1``, a probability map -> ``mask_iou``, ...), or the one for ``task``
+    when the caller names it (``"ctc"`` for a recognizer). Otherwise, as before task
+    metrics: class scores on the last axis (at least 2-D, two or more classes) get
+    per-position top-1 agreement; anything else (a regression value, an embedding of
+    shape ``(N,)``) gets cosine similarity, which works for any shape.
     """
+    from .task_metrics import choose_task_metric  # imports this module: import late
+
+    choice = choose_task_metric(reference, task=task)
+    if choice is not None:
+        return choice.metric, choice.reason
     output = _first(reference)
     if output.ndim >= 2 and output.shape[-1] >= 2:
         positions = "" if output.ndim == 2 else " at every position"

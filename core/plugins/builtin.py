@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..eval.metrics import BUILTIN_METRICS
+from ..eval.task_metrics import TASK_METRICS
 from ..hookspecs import hookimpl
 from ..strategy import BUILTIN_STRATEGIES
 from ..tuning.executors import ProcessPoolTrialExecutor, SerialExecutor
@@ -15,6 +16,8 @@ from .types import RegisterExecutor, RegisterMetric, RegisterStrategy
 @hookimpl
 def lpq_register_metrics(register: RegisterMetric) -> None:
     for name, factory in BUILTIN_METRICS.items():
+        register(name, factory)
+    for name, factory in TASK_METRICS.items():
         register(name, factory)
 
 
