@@ -39,9 +39,9 @@ logger = logging.getLogger("lpq")
 #: A tuning run's verdicts (``summary.json``'s ``verdict``): the goal met; a candidate kept
 #: the accuracy but none ran faster than fp32 (or none ran anything quantized); no
 #: candidate kept the accuracy.
-VERDICT_MET = "goal met"
+VERDICT_MET = "accuracy goal met"
 VERDICT_ACCURATE_NOT_FASTER = "accuracy met, nothing faster than fp32"
-VERDICT_NOT_MET = "accuracy goal not met"
+VERDICT_NOT_MET = "accuracy goal NOT met"
 
 
 @dataclass

@@ -64,7 +64,13 @@ def plugins() -> None:
 
 @plugins.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("-v", "--verbose", is_flag=True, help="Also list each plugin's hooks.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Also list each plugin's hooks and what it registers (strategies, metrics, "
+    "executors, backend profiles, examples), and the CPU's int8 features.",
+)
 def plugins_list(as_json: bool, verbose: bool) -> None:
     """List plugins with their status, framework and hooks.
 
@@ -103,17 +109,28 @@ def plugins_list(as_json: bool, verbose: bool) -> None:
         )
     print_table(console, listing)
     if verbose:
+        from rich.markup import escape
+
         from ..hardware import cpu_features
 
-        console.print(f"CPU int8 features: {cpu_features().describe()}")
+        console.print(f"CPU int8 features: {escape(cpu_features().describe())}")
+        builtin = get_plugin_manager().builtin_registered()
+        console.print(f"[bold]lpq-core[/] (built in) registers: {_registered_text(builtin)}")
         for record in records:
             hooks = ", ".join(h.removeprefix("lpq_") for h in record.hooks) or "none"
             console.print(f"[bold]{record.name}[/] hooks: {hooks}")
+            if record.registered:
+                console.print(f"  registers: {_registered_text(record.registered)}")
     for record in records:
         if record.message and record.status.value != "disabled":
             console.print(f"[bold]{record.name}[/]: {record.message.splitlines()[0]}")
             if record.hint:
                 console.print(f"  hint: {record.hint}")
+
+
+def _registered_text(registered: dict[str, list[str]]) -> str:
+    """``strategy: a, b; metric: c`` — what a plugin registered, per kind."""
+    return "; ".join(f"{kind}: {', '.join(names)}" for kind, names in registered.items()) or "-"
 
 
 def _status_text(record: Any) -> str:

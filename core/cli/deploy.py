@@ -10,7 +10,25 @@ from ..deployment import deploy
 from ..errors import ConfigError
 
 
-@click.command("deploy")
+class _ListsBackends(click.Command):
+    """``lpq deploy --help`` ends with the backend profiles installed here (read from the
+    plugins when help is shown; no framework is imported)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from ..plugins.manager import get_plugin_manager
+
+        pm = get_plugin_manager()
+        pm.load()
+        rows = [
+            (name, f"{profile.framework}: {profile.description}")
+            for name, profile in sorted(pm.backend_profiles.items())
+        ]
+        with formatter.section("Installed backends"):
+            formatter.write_dl(rows or [("none", "install an adaptor plugin")])
+
+
+@click.command("deploy", cls=_ListsBackends)
 @click.argument("model")
 @click.option("--backend", required=True, help="Backend profile, e.g. tensorrt, snpe, vitis.")
 @click.option(

@@ -64,11 +64,14 @@ def trials_table(
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    goal = "[green]met[/]" if summary["goal_met"] else "[yellow]NOT met[/]"
+    verdict = summary.get("verdict") or (
+        "accuracy goal met" if summary["goal_met"] else "accuracy goal NOT met"
+    )
+    color = "green" if summary["goal_met"] else "yellow"
     loss = summary.get("relative_accuracy_loss")
     reason = summary["stop_reason"]
     lines = [
-        f"accuracy goal {goal}" + (f" ({reason})" if reason != "accuracy goal met" else ""),
+        f"[{color}]{verdict}[/]" + (f" ({reason})" if reason != "accuracy goal met" else ""),
         f"{summary['metric']}: fp32 {_fmt(summary['baseline_accuracy'])} -> quantized "
         f"{_fmt(summary['final_accuracy'])}"
         + (f" (relative loss {loss * 100:.2f}%)" if loss is not None else ""),

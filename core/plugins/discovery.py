@@ -52,6 +52,8 @@ class PluginRecord:
     hint: str = ""
     frameworks: list[dict[str, str | None]] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
+    #: What the plugin registered, by kind ("strategy", "metric", "backend profile", ...).
+    registered: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -65,6 +67,7 @@ class PluginRecord:
             "hint": self.hint,
             "frameworks": self.frameworks,
             "hooks": self.hooks,
+            "registered": self.registered,
         }
 
 

@@ -153,6 +153,7 @@ class PluginManager:
                 return
             rec.status = PluginStatus.OK
             rec.hooks = sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or [])
+            rec.registered = self._registered_by(name)
             rec.frameworks = [
                 {
                     "framework": info.framework,
@@ -191,6 +192,20 @@ class PluginManager:
         record.hint = hint
         if strict_mode():
             raise PluginError(f"plugin {record.name!r}: {message}", hint=hint or None) from exc
+
+    def builtin_registered(self) -> dict[str, list[str]]:
+        """What lpq-core itself registers (its strategies, metrics and executors)."""
+        self.load()
+        return self._registered_by("lpq-builtin")
+
+    def _registered_by(self, owner: str) -> dict[str, list[str]]:
+        """The names ``owner`` registered, per kind, for ``lpq plugins list -v``."""
+        found: dict[str, list[str]] = {}
+        for registry in self._registries():
+            names = sorted(name for name in registry if registry.owner(name) == owner)
+            if names:
+                found[registry.kind] = names
+        return found
 
     def _registries(self) -> tuple[Registry[Any], ...]:
         return (
