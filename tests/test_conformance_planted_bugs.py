@@ -177,7 +177,7 @@ def test_without_known_op_types_the_check_warns_that_it_did_not_run(subject):
 
 def test_capability_op_types_are_read_from_ops_capabilities_and_patterns(tmp_path):
     yaml_file = tmp_path / "cap.yaml"
-    yaml_file.write_text(npq_planted.UNKNOWN_OP_YAML + "  patterns: [[MatMul, Relu]]\n")
+    yaml_file.write_text(npq_planted.UNKNOWN_OP_YAML + "  patterns: [MatMul + Relu]\n")
     assert set(capability_op_types([yaml_file])) == {"MatMul", "FancyMatMul", "Relu"}
 
 

@@ -29,8 +29,8 @@ def _block_op_types(block: dict[str, Any]) -> set[str]:
     for modes in (block.get("capabilities") or {}).values():
         for per_type in (modes or {}).values():
             names.update(per_type or {})
-    for pattern in block.get("patterns") or ():
-        names.update(pattern)
+    for pattern in block.get("patterns") or ():  # "Conv + Add + Relu"
+        names.update(part.strip() for part in str(pattern).split("+"))
     return {str(name) for name in names} - NOT_OP_TYPES
 
 
