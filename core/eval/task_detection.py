@@ -93,22 +93,33 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def nms(
-    boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou_threshold: float = 0.45
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    classes: np.ndarray,
+    iou_threshold: float = 0.45,
+    max_keep: int | None = None,
 ) -> np.ndarray:
     """Indices kept by class-wise greedy NMS, highest score first: within each class a
     box is dropped when its IoU with a higher-scoring kept box exceeds ``iou_threshold``
-    (boxes of different classes never suppress each other)."""
-    order = np.argsort(-scores, kind="stable")
+    (boxes of different classes never suppress each other). Stops after ``max_keep``.
+
+    Boxes are shifted apart by class (torchvision's batched NMS) so one greedy pass in
+    score order serves every class and ends after ``max_keep`` boxes: a badly quantized
+    head that fires on every anchor costs ``max_keep`` passes, not one per anchor."""
+    if not len(scores):
+        return np.zeros(0, np.int64)
+    boxes = np.asarray(boxes, np.float64)
+    span = float(boxes.max() - boxes.min()) + 1.0
+    shifted = boxes + (classes.astype(np.float64) * span)[:, None]
+    idx = np.argsort(-scores, kind="stable")
     keep: list[int] = []
-    for cls in np.unique(classes):
-        idx = order[classes[order] == cls]
-        while len(idx):
-            best, idx = idx[0], idx[1:]
-            keep.append(int(best))
-            if len(idx):
-                idx = idx[box_iou(boxes[best : best + 1], boxes[idx])[0] <= iou_threshold]
-    kept = np.array(keep, np.int64)
-    return kept[np.argsort(-scores[kept], kind="stable")] if len(kept) else kept
+    limit = len(idx) if max_keep is None else max_keep
+    while len(idx) and len(keep) < limit:
+        best, idx = idx[0], idx[1:]
+        keep.append(int(best))
+        if len(idx):
+            idx = idx[box_iou(shifted[best : best + 1], shifted[idx])[0] <= iou_threshold]
+    return np.array(keep, np.int64)
 
 
 def _softmax_rows(scores: np.ndarray) -> bool:
@@ -193,7 +204,7 @@ def _select(
     if len(scores) > 30000:  # as Ultralytics: NMS on the best 30000 candidates only
         top = np.argsort(-scores, kind="stable")[:30000]
         boxes, scores, classes = boxes[top], scores[top], classes[top]
-    kept = nms(boxes, scores, classes, opt.iou_threshold)[: opt.max_detections]
+    kept = nms(boxes, scores, classes, opt.iou_threshold, opt.max_detections)
     return Detections(boxes[kept], scores[kept], classes[kept])
 
 
