@@ -9,7 +9,7 @@ from lpq import DataError, EvalResult, LatencyMeasurer, Metric, evaluate_batches
 
 from . import model_io
 from .data import iter_batches
-from .latency import measuring_options
+from .latency.timing import measuring_options
 from .qmodel import QuantizedModel
 from .session import create_session
 

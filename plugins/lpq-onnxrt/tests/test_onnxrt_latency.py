@@ -12,7 +12,9 @@ import pytest
 from onnx import numpy_helper
 
 import lpq
-from lpq_onnxrt import latency, range_choice
+from lpq_onnxrt import range_choice
+from lpq_onnxrt.latency import aware, blame, cache, fidelity, timing
+from lpq_onnxrt.latency.decision import decide
 
 FW = "onnxrt"
 
@@ -102,11 +104,11 @@ def _decide(
     timer: Any = None,
     blame: Any = None,
 ) -> Any:
-    """latency.decide on the digits model with scripted costs: name -> (fp32 s, int8 s)."""
+    """decide on the digits model with scripted costs: name -> (fp32 s, int8 s)."""
     names = [n for n, _ in parts["ops"]]
     if timer is None:
         timer = ScriptedTimer({n: costs(n, t) for n, t in parts["ops"]}, names)
-    return latency.decide(
+    return decide(
         parts["build"],
         parts["prepared"].model,
         parts["ops"],
@@ -324,11 +326,11 @@ def test_one_decision_serves_every_range_algorithm(
 
 
 def test_latency_aware_option_is_validated():
-    assert latency.enabled({}) is False
-    assert latency.enabled({"latency_aware": True}) is True
-    assert latency.enabled({"latency_aware": "off"}) is False
+    assert aware.enabled({}) is False
+    assert aware.enabled({"latency_aware": True}) is True
+    assert aware.enabled({"latency_aware": "off"}) is False
     with pytest.raises(lpq.ConfigError):
-        latency.enabled({"latency_aware": "sometimes"})
+        aware.enabled({"latency_aware": "sometimes"})
 
 
 def _mlp_seconds(model: onnx.ModelProto, seconds: dict[str, float]) -> float:
@@ -343,7 +345,7 @@ def _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, seconds, **options):
     """lpq quantize (latency-aware) of the MLP with scripted timings per MatMul (fp32 /
     static int8 / dynamic int8); output errors are real. No decision cache."""
     calls: list[dict[str, tuple[int, ...]]] = []
-    monkeypatch.setattr(latency, "load_cached", lambda folder, key: None)
+    monkeypatch.setattr(cache, "load_cached", lambda folder, key: None)
 
     def scripted(options: Any, budget_s: float = 1.0) -> Any:
         def measure(models: Any, feed: Any) -> dict[str, float]:
@@ -352,8 +354,8 @@ def _quantize_mlp(pm, mlp_model, calib_loader, monkeypatch, seconds, **options):
 
         return measure
 
-    monkeypatch.setattr(latency, "ort_timer", scripted)
-    monkeypatch.setattr(latency, "profile_blame", lambda *a: None)
+    monkeypatch.setattr(timing, "ort_timer", scripted)
+    monkeypatch.setattr(blame, "profile_blame", lambda *a: None)
     cap = pm.query_capability(FW, mlp_model, calib_loader, {})
     cfg = lpq.TuneConfig(
         ops={k: cap.default_op_config(k) for k in cap.opwise},
@@ -374,7 +376,7 @@ def _scripted_error(monkeypatch: pytest.MonkeyPatch, dynamic_cut: float) -> None
 
         return error
 
-    monkeypatch.setattr(latency, "output_error", output_error)
+    monkeypatch.setattr(fidelity, "output_error", output_error)
 
 
 def test_matmuls_go_dynamic_when_as_fast_and_more_faithful(
@@ -493,10 +495,10 @@ def test_a_change_that_buys_no_speed_needs_a_real_fidelity_gain(digits_parts):
 def test_weight_error_ratio_tells_outlier_columns_from_even_ones():
     rng = np.random.default_rng(0)
     even = rng.normal(0, 1, (256, 64))
-    assert 1.0 <= latency.weight_error_ratio(even) < latency.PER_TENSOR_WEIGHT_RATIO
+    assert 1.0 <= fidelity.weight_error_ratio(even) < fidelity.PER_TENSOR_WEIGHT_RATIO
     outliers = even.copy()
     outliers[:, :2] *= 30  # two output channels 30x larger, as in a transformer's FFN
-    assert latency.weight_error_ratio(outliers) > latency.PER_TENSOR_WEIGHT_RATIO
+    assert fidelity.weight_error_ratio(outliers) > fidelity.PER_TENSOR_WEIGHT_RATIO
 
 
 def _weight_scale_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

@@ -51,12 +51,12 @@ def _algorithms(cfg: lpq.TuneConfig) -> set[str]:
 
 def _measured_error(model: onnx.ModelProto, fp32: Any, cfg: lpq.TuneConfig, loader: Any) -> float:
     """``model``'s output error as quantize measures it (same calibration batches)."""
-    from lpq_onnxrt import latency, model_io
-    from lpq_onnxrt.passes.static_plan import error_feeds
+    from lpq_onnxrt import model_io
+    from lpq_onnxrt.latency.fidelity import error_feeds, output_error
 
     prepared = model_io.prepare(fp32).model
     feeds, found = error_feeds(prepared, cfg, loader)
-    return latency.output_error(cfg.options, feeds, prepared, found)(model)
+    return output_error(cfg.options, feeds, prepared, found)(model)
 
 
 def test_default_is_auto_and_the_result_records_what_it_resolved_to(

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import lpq
-from lpq_onnxrt import latency, range_choice, streams
+from lpq_onnxrt import range_choice, streams
+from lpq_onnxrt.latency import blame, cache, fidelity, timing
 from lpq_onnxrt.session import create_session
 
 FW = "onnxrt"
@@ -124,8 +125,8 @@ def test_stream_error_shows_what_per_batch_error_hides():
     feeds = _recorded_streams(model)
     found = streams.find(_run(model), feeds)
     drifted = _recurrent_model(1.3)
-    per_batch = latency.output_error({}, feeds, model)(drifted)
-    as_streams = latency.output_error({}, feeds, model, found)(drifted)
+    per_batch = fidelity.output_error({}, feeds, model)(drifted)
+    as_streams = fidelity.output_error({}, feeds, model, found)(drifted)
     assert as_streams > 1.5 * per_batch
 
 
@@ -159,15 +160,15 @@ def test_auto_ranges_are_chosen_on_streams_for_the_graph_that_ships(monkeypatch)
     """Latency-aware quantize of a recurrent model: format and fp32 ops are decided first,
     then the ranges on the decided graph, by stream error; the error recorded for the
     choice is the returned model's own."""
-    monkeypatch.setattr(latency, "load_cached", lambda folder, key: None)
+    monkeypatch.setattr(cache, "load_cached", lambda folder, key: None)
     monkeypatch.setattr(
-        latency,
+        timing,
         "ort_timer",
         lambda options, budget_s=1.0: (
             lambda models, feed: {label: _node_seconds(m) for label, m in models.items()}
         ),
     )
-    monkeypatch.setattr(latency, "profile_blame", lambda *a: None)
+    monkeypatch.setattr(blame, "profile_blame", lambda *a: None)
     pm = lpq.get_plugin_manager()
     model = _recurrent_model()
     feeds = _recorded_streams(model)
@@ -178,5 +179,5 @@ def test_auto_ranges_are_chosen_on_streams_for_the_graph_that_ships(monkeypatch)
     choice = result.range_choice
     assert set(choice["errors"]) == set(range_choice.CANDIDATES)
     found = streams.find(_run(model), feeds)
-    measured = latency.output_error({}, feeds, model, found)(result.proto)
+    measured = fidelity.output_error({}, feeds, model, found)(result.proto)
     assert measured == pytest.approx(choice["errors"][choice["algorithm"]], rel=1e-4, abs=1e-9)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from lpq import ConfigError, ModelError, OpConfig, TensorConfig, TuneConfig
 
-from .. import latency, model_io
+from .. import model_io
+from ..latency import fidelity
 from .quantizer import quant_type, quiet_quantizer, reduce_range, tensor_key
 
 if TYPE_CHECKING:
@@ -79,11 +80,11 @@ def dynamic_alternatives(
     """The static ops latency-aware quantization may run dynamically instead (the capability
     offers them dynamic mode: a constant weight), each with the capability's first dynamic
     config, but with per-tensor weights where they lose little against per-channel ones
-    (:data:`latency.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster) unless the
-    ``dynamic_weights`` option says ``per_channel`` (every MatMul per channel) or
+    (:data:`lpq_onnxrt.latency.fidelity.PER_TENSOR_WEIGHT_RATIO`: ORT runs those faster)
+    unless the ``dynamic_weights`` option says ``per_channel`` (every MatMul per channel) or
     ``per_tensor`` (every MatMul per tensor, as ORT's dynamic quantization). Only MatMuls are
     tried for speed (ORT's ConvInteger has no fast kernel); a conv only where int8 costs
-    the model much fidelity (see :func:`latency.decide`)."""
+    the model much fidelity (see :func:`lpq_onnxrt.latency.decision.decide`)."""
     from ..capability import build_capability
 
     wanted = [key for key in tune_cfg.ops if key[0] in static_ops]
@@ -124,7 +125,7 @@ def _weights_choice(
         and node.input[1] in weights
     ):
         weight = numpy_helper.to_array(weights[node.input[1]])
-        even = latency.weight_error_ratio(weight) <= latency.PER_TENSOR_WEIGHT_RATIO
+        even = fidelity.weight_error_ratio(weight) <= fidelity.PER_TENSOR_WEIGHT_RATIO
         if mode == "per_tensor" or even:
             assert per_tensor is not None
             choice = per_tensor

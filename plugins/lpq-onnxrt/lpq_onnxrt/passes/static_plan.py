@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from lpq import DataError, OpConfig, TuneConfig
 
-from lpq import ConfigError, DataError, OpConfig, TuneConfig
-
-from .. import graph, latency, model_io, range_choice, ranges, recipes, streams
+from .. import graph, model_io, range_choice, ranges, recipes
+from ..latency import aware, fidelity
+from ..latency.decision import Builder, LatencyDecision
 from .dynamic import dynamic_alternatives
 from .static import static_pass
 
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
     import onnx
 
     from ..calibration import CalibrationStats
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,7 +43,7 @@ class StaticResult:
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: static ops latency-aware quantization moved to the dynamic pass, with their configs
     dynamic_ops: dict[str, OpConfig] = field(default_factory=dict)
-    decision: latency.LatencyDecision | None = None
+    decision: LatencyDecision | None = None
     range_choice: range_choice.RangeChoice | None = None
 
 
@@ -75,7 +71,7 @@ class _Candidates:
         # function on all of them (its fp32 reference outputs computed once), and, for
         # narrowing, one on each half.
         self._error_feeds = functools.cache(
-            lambda: error_feeds(prepared.model, tune_cfg, calib_dataloader)
+            lambda: fidelity.error_feeds(prepared.model, tune_cfg, calib_dataloader)
         )
         self.output_error = functools.cache(lambda: self.error_on((0, 1)))
 
@@ -115,7 +111,7 @@ class _Candidates:
             built = dynamic_pass(built, dyn, self.tune_cfg.options)
         return graph.drop_inner_shapes(built)  # timed as it will ship
 
-    def builder(self, plan: Mapping[str, OpConfig]) -> latency.Builder:
+    def builder(self, plan: Mapping[str, OpConfig]) -> Builder:
         def build(
             fp32_ops: frozenset[str], form: str, dynamic_ops: frozenset[str] = frozenset()
         ) -> onnx.ModelProto:
@@ -125,7 +121,7 @@ class _Candidates:
 
     def error_on(self, part: tuple[int, int]) -> Callable[[onnx.ModelProto], float]:
         feeds, found = self._error_feeds()
-        return latency.output_error(self.tune_cfg.options, feeds, self.prepared.model, found, part)
+        return fidelity.output_error(self.tune_cfg.options, feeds, self.prepared.model, found, part)
 
 
 def quantize_static(
@@ -147,7 +143,7 @@ def quantize_static(
     plan = dict(static_ops)
     auto = set(range_choice.auto_ops(plan))
     fp32_ops: frozenset[str] = frozenset()
-    if latency.enabled(tune_cfg.options):
+    if aware.enabled(tune_cfg.options):
         plan = _decide_latency(candidates, plan, fmt, result)
         assert result.decision is not None
         fmt = result.decision.quant_format
@@ -171,7 +167,7 @@ def _decide_latency(
     decisions leave."""
     tune_cfg = candidates.tune_cfg
     for_decisions = range_choice.for_decisions(plan)
-    decision = latency_decision(
+    decision = aware.latency_decision(
         candidates.prepared,
         tune_cfg,
         for_decisions,
@@ -277,93 +273,3 @@ def _apply(
     ]
     result.model = read_float_inputs(work, base, fp32_now)
     result.base = base
-
-
-# --------------------------------------------------------------------------- latency
-
-
-def latency_batch_size(options: Mapping[str, Any]) -> int | None:
-    """``latency_batch_size`` (or env ``LPQ_LATENCY_BATCH_SIZE``): the batch to time at."""
-    value = options.get("latency_batch_size") or os.environ.get("LPQ_LATENCY_BATCH_SIZE")
-    if value in (None, "", 0, "0"):
-        return None
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        size = 0
-    if size < 1:
-        raise ConfigError(
-            f"latency_batch_size must be a whole number >= 1, not {value!r}",
-            hint="set it to the batch size the model is deployed at (e.g. 8)",
-        )
-    return size
-
-
-def error_feeds(
-    model: onnx.ModelProto, tune_cfg: TuneConfig, calib_dataloader: Iterable[Any]
-) -> tuple[list[dict[str, np.ndarray]], streams.Streams | None]:
-    """The calibration feeds output errors are measured on: a spread of batches, or, when
-    the calibration data was recorded from streams, all of it and its streams (see
-    :mod:`streams`)."""
-    from ..session import create_session
-
-    feeds = list(ranges.limited_feeds(model, calib_dataloader, tune_cfg.calib_sampling_size))
-    session = create_session(model, latency.measuring_options(tune_cfg.options))
-    found = streams.find(lambda feed: session.run(None, dict(feed)), feeds)
-    if found is None:
-        return latency.spread(feeds, latency.ERROR_BATCHES), None
-    log.info(
-        "calibration data is %d stream(s), state %s: output error measured on streams",
-        len(found.chains),
-        ", ".join(found.links),
-    )
-    return feeds, found
-
-
-def latency_decision(
-    prepared: model_io.PreparedModel,
-    tune_cfg: TuneConfig,
-    static_ops: Mapping[str, OpConfig],
-    calib_dataloader: Iterable[Any],
-    fmt: str,
-    build: latency.Builder,
-    dynamic: list[str],
-    error: Callable[[onnx.ModelProto], float],
-) -> latency.LatencyDecision:
-    """Measure (or read from the cache) which static ops int8 makes slower here, and which
-    run faster (or as fast, more faithfully) dynamically quantized."""
-    from ..data import batched_feed, input_specs
-
-    options = tune_cfg.options
-    feeds = ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
-    batch = latency_batch_size(options)
-    # At the batch the user deploys: calibration samples stacked (cycled); else the first.
-    feed = next(feeds) if batch is None else batched_feed(input_specs(prepared.model), feeds, batch)
-    plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
-    context = latency.cache_context(prepared.key, feed, options)
-    key = latency.cache_key(context, plan)
-    folder = latency.cache_dir(options)
-    cached = latency.load_cached(folder, key) or latency.derived(folder, context, plan)
-    if cached is not None:
-        log.info("latency decisions from the cache (%d ops kept fp32)", len(cached.fp32_ops))
-        return cached
-    ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
-    formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
-    timer = latency.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
-    # The fp32 side of every comparison, shaped as the candidates are (see build_plan).
-    fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
-    blame = latency.profile_blame(options, feed, fp32, [n for n, _ in ops])
-    decision = latency.decide(
-        build,
-        fp32,
-        ops,
-        feed,
-        formats=formats,
-        timer=timer,
-        margin=float(options.get("latency_margin", latency.DEFAULT_MARGIN)),
-        blame=blame,
-        dynamic=dynamic,
-        error=error,
-    )
-    latency.store(folder, key, decision, context, plan)
-    return decision
