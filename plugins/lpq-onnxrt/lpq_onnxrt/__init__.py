@@ -2,7 +2,7 @@
 
 Layout (the same in every lpq adaptor): :mod:`.info` (leaf: name, capability file,
 detection), :mod:`.plugin` (registration only), one module per job (:mod:`.capability`,
-:mod:`.quantize`, :mod:`.evaluate`, :mod:`.inspection`,
+:mod:`.quantize` with :mod:`.passes` and :mod:`.latency`, :mod:`.evaluate`, :mod:`.inspection`,
 :mod:`.precision`, :mod:`.persist`, :mod:`.lowp`, :mod:`.export`, :mod:`.edit`), and
 :mod:`.model_io` / :mod:`.data` below them. Importing the package imports no framework.
 """
