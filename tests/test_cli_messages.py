@@ -274,7 +274,9 @@ def test_quantize_counts_the_ops_the_model_runs_quantized(
             str(tmp_path / "q"),
         ]
     )
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "quantized 0 of 2 ops (read from the model; npq)" in out
-    assert "the configuration quantizes 2 op(s), but the converted model runs all of them" in out
+    err = capsys.readouterr().err
+    # Nothing runs quantized: an error (exit 2), never an unquantized model with exit 0.
+    assert code == 2
+    assert "the configuration quantizes 2 op(s), but the converted model runs all of them" in err
+    assert "nothing written" in err
+    assert not (tmp_path / "q").exists()

@@ -250,18 +250,53 @@ def _default_out(framework: str, model: str) -> Path:
 @click.argument("model")
 @click.option("--calib", type=click.Path(dir_okay=False), help=_CALIB_HELP)
 @click.option("--out", type=click.Path(), help=_OUT_HELP)
+@click.option(
+    "--eval",
+    "eval_data",
+    type=click.Path(dir_okay=False),
+    help="Held-out data (.npz) for the fidelity check. Without it, the last fifth of --calib "
+    "is held out (and not calibrated on).",
+)
+@click.option(
+    "--metric",
+    help="Fidelity metric against the fp32 model's outputs (detection_f1, ctc_exact, "
+    "top1_agreement, cosine, ...; `lpq plugins list -v` lists them). Default: chosen from "
+    "the model's outputs, and said which.",
+)
+@click.option(
+    "--min-fidelity",
+    type=click.FloatRange(min=0),
+    help="Fail (exit 2, nothing written) when the fidelity is below this value.",
+)
+@click.option(
+    "--no-fidelity-check", is_flag=True, help="Skip the held-out fidelity check (not advised)."
+)
 @_FORCE
 @_with_options(_QUANT_OPTIONS)
 def quantize_command(
-    model: str, calib: str | None, out: str | None, force: bool, **kw: Any
+    model: str,
+    calib: str | None,
+    out: str | None,
+    eval_data: str | None,
+    metric: str | None,
+    min_fidelity: float | None,
+    no_fidelity_check: bool,
+    force: bool,
+    **kw: Any,
 ) -> None:
-    """Quantize MODEL with one configuration (the adaptor's defaults plus your options).
+    """Quantize MODEL with one configuration (the adaptor's defaults plus your options),
+    then check it: fidelity against the fp32 model on held-out samples, with a task metric,
+    beside speedup and size.
 
-    No accuracy check: `lpq tune` does that. Static and auto need --calib; an approach that
-    cannot quantize anything here is an error, never an unquantized file.
+    Use `lpq tune` to search for the fastest configuration that keeps an accuracy goal.
+    Static and auto need --calib; an approach that cannot quantize anything here is an
+    error, never an unquantized file. A fidelity below --min-fidelity is an error; below
+    0.95 it is said plainly.
     """
     from ..api import quantize
+    from ..errors import ModelError
     from ..eval.data import load_npz
+    from ..eval.fidelity import measure_fidelity
     from ..plugins.manager import get_plugin_manager
     from ..tuning.runner import op_counts
     from .checks import (
@@ -279,36 +314,134 @@ def quantize_command(
     model = _model_arg(model)
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
-    check_names(pm, backend=kw.get("backend"))
-    check_data_paths(calib)
+    check_names(pm, backend=kw.get("backend"), metric=metric)
+    check_data_paths(calib, eval_data)
     check_calib(kw["approach"], calib)
     check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
     target = Path(out) if out else _default_out(framework, model)
-    check_out_file(target, {"the model": model, "the --calib data": calib}, force)
+    check_out_file(
+        target, {"the model": model, "the --calib data": calib, "the --eval data": eval_data}, force
+    )
     calib_data = load_npz(calib, kw["batch_size"]) if calib else None
     if calib_data is not None:
         calib_data, _ = probe_data(
             pm, framework, model, calib_data, "calibration", batch_given=_batch_given()
         )
+    held_out, held_out_from = None, ""
+    if not no_fidelity_check:
+        calib_data, held_out, held_out_from = _held_out(
+            pm, framework, model, calib_data, eval_data, kw
+        )
+    _progress(console, "quantizing")
     result = quantize(model, _build_config(kw), calib_data)
-    written = _save(result, target)
     quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
     counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
+    _refuse_unquantized(result, quantized, source)
+    fidelity = None
+    if held_out is not None:
+        _progress(console, f"measuring fidelity on {held_out.num_samples} held-out samples")
+        fidelity = measure_fidelity(
+            pm,
+            framework,
+            model,
+            result.model,
+            held_out,
+            held_out_from=held_out_from,
+            metric=metric,
+        )
+        if min_fidelity is not None and fidelity.value < min_fidelity:
+            raise ModelError(
+                f"fidelity {fidelity.value:.3f} ({fidelity.metric} against fp32 on "
+                f"{fidelity.samples} held-out samples) is below --min-fidelity {min_fidelity:g}: "
+                "nothing written",
+                hint="try `lpq tune` with this model and data, which keeps ops that lose "
+                "accuracy in float, or another --approach / --backend",
+            )
+    written = _save(result, target)
     console.print(
         f"quantized {quantized} of {quantized + fallback} ops ({counted}; {result.framework}); "
         f"wrote {written}"
     )
+    if fidelity is not None:
+        _print_fidelity(console, fidelity, model, written)
+
+
+def _progress(console: Any, what: str) -> None:
+    """A progress line, also when stdout is a file or a pipe (rich prints nothing
+    animated there)."""
+    console.print(f"[dim]lpq: {what}...[/]")
+
+
+def _held_out(
+    pm: Any, framework: str, model: str, calib_data: Any, eval_data: str | None, kw: dict[str, Any]
+) -> tuple[Any, Any, str]:
+    """``(calibration, held-out, where from)``: ``--eval`` if given, else the last fifth of
+    the calibration samples (which then do not calibrate)."""
+    from ..eval.data import load_npz
+    from ..eval.fidelity import HELD_OUT_SHARE, split_held_out
+    from .checks import probe_data
+
+    if eval_data:
+        held = load_npz(eval_data, kw["batch_size"])
+        held, _ = probe_data(pm, framework, model, held, "evaluation", batch_given=_batch_given())
+        return calib_data, held, f"--eval ({held.num_samples} samples)"
+    if calib_data is None:
+        return None, None, ""  # dynamic / weight-only without data: nothing to check on
+    calib_part, held = split_held_out(calib_data)
+    share = f"{HELD_OUT_SHARE:.0%}"
+    return calib_part, held, (
+        f"the last {held.num_samples} of {calib_data.num_samples} --calib samples "
+        f"({share}, not calibrated on)"
+    )
+
+
+def _refuse_unquantized(result: Any, quantized: int, source: str) -> None:
+    """A model whose converted graph runs every op in float is no quantized model: an
+    error, never a file written with exit 0."""
+    from ..errors import ModelError
+
+    if quantized or source != "model":
+        return
     planned = len(result.tune_cfg.quantized_ops())
-    if not quantized and planned:
-        console.print(
-            f"[yellow]warning[/]: the configuration quantizes {planned} op(s), but the "
-            f"converted model runs all of them in float: the {result.framework} adaptor left "
-            "them (its documentation says when it does)"
+    if planned:
+        raise ModelError(
+            f"the configuration quantizes {planned} op(s), but the converted model runs all "
+            f"of them in float (the {result.framework} adaptor left them: on this CPU none "
+            "was faster quantized, or its kernels refused them): nothing written",
+            hint="pass --option latency_aware=false to keep int8 ops slower than float, or "
+            "see the adaptor's documentation for when it leaves ops in float",
         )
-    elif not quantized:
+    raise ModelError(
+        "no op was quantized with these options: nothing written",
+        hint=f"`lpq capability show {result.framework}` lists what each op type supports",
+    )
+
+
+def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> None:
+    """Fidelity beside speedup and size; below the warning bound, said plainly."""
+    from ..eval.fidelity import DEFAULT_WARN_BELOW
+
+    speed = f"{fidelity.speedup:.2f}x fp32 speed" if fidelity.speedup else "speed not measured"
+    size = ""
+    try:
+        before, after = Path(model).stat().st_size, written.stat().st_size
+        if after and Path(model).is_file():
+            ratio = before / after
+            size = f", {ratio:.2f}x smaller" if ratio >= 1 else f", {1 / ratio:.2f}x larger"
+    except OSError:
+        pass
+    color = "green" if fidelity.value >= DEFAULT_WARN_BELOW else "yellow"
+    console.print(
+        f"fidelity [{color}]{fidelity.value:.3f}[/] ({fidelity.metric} against fp32 on "
+        f"{fidelity.held_out_from}); {speed}{size}"
+    )
+    console.print(f"  ({fidelity.metric}: {fidelity.reason})")
+    if fidelity.value < DEFAULT_WARN_BELOW:
         console.print(
-            "[yellow]warning[/]: no op was quantized with these options; "
-            f"`lpq capability show {result.framework}` lists what each op type supports"
+            f"[yellow]warning[/]: fidelity {fidelity.value:.3f} is below "
+            f"{DEFAULT_WARN_BELOW}: this model no longer does much of what the fp32 model "
+            "does. `lpq tune` keeps the ops that lose it in float; --min-fidelity makes this "
+            "an error."
         )
 
 

@@ -1,0 +1,156 @@
+"""The fidelity gate of ``lpq quantize``: how much of what the fp32 model does the
+quantized model still does, measured on samples it was not calibrated on.
+
+Why a task metric and held-out samples: the cosine of a raw output tensor can read 0.999
+while a detector keeps a third of its detections, and a model scored on its own
+calibration samples looks better than it is. So the gate scores the quantized model
+against the fp32 model's outputs with the task's metric (detection F1, CTC string
+agreement, top-1 agreement, ... chosen from the outputs by
+:func:`lpq.eval.metrics.label_free_metric`, or named by the user) on held-out samples:
+the user's evaluation data, or the last fifth of the calibration data, which is then not
+used to calibrate. It also times both models side by side, so the report shows fidelity
+beside speed and size.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from .data import ArrayLoader, OutputRecorder, ReferenceLoader
+from .evaluation import LatencyMeasurer, Metric
+
+#: Share of the calibration samples held out when no evaluation data is given.
+HELD_OUT_SHARE = 0.2
+#: Below this, ``lpq quantize`` says plainly that the model lost much of what fp32 does.
+DEFAULT_WARN_BELOW = 0.95
+_TIMING_ROUNDS = 5
+
+
+@dataclass
+class Fidelity:
+    """The gate's reading: ``value`` of ``metric`` (higher is better) on ``samples``
+    held-out samples, and both models' latency per batch, timed alternately."""
+
+    metric: str
+    value: float
+    reason: str
+    samples: int
+    held_out_from: str
+    fp32_ms: float | None = None
+    quantized_ms: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.fp32_ms or not self.quantized_ms:
+            return None
+        return self.fp32_ms / self.quantized_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "value": self.value,
+            "reason": self.reason,
+            "samples": self.samples,
+            "held_out_from": self.held_out_from,
+            "fp32_ms": self.fp32_ms,
+            "quantized_ms": self.quantized_ms,
+            "speedup": self.speedup,
+        }
+
+
+def _slice(loader: ArrayLoader, start: int, stop: int) -> ArrayLoader:
+    inputs: Any = loader.inputs
+    part: Any = (
+        {name: array[start:stop] for name, array in inputs.items()}
+        if isinstance(inputs, Mapping)
+        else inputs[start:stop]
+    )
+    labels = loader.labels[start:stop] if loader.labels is not None else None
+    sliced = ArrayLoader(part, labels, loader.batch_size)
+    sliced.source, sliced.names = loader.source, loader.names
+    return sliced
+
+
+def split_held_out(
+    calib: ArrayLoader, share: float = HELD_OUT_SHARE
+) -> tuple[ArrayLoader, ArrayLoader]:
+    """``(calibration, held_out)``: the last ``share`` of the samples (at least one) are
+    held out; the rest calibrate. Needs at least two samples."""
+    n = calib.num_samples
+    if n < 2:
+        raise ConfigError(
+            "the calibration data has one sample: none can be held out to measure fidelity",
+            hint="pass --eval with held-out samples, or more calibration samples",
+        )
+    held = min(n - 1, max(1, math.ceil(n * share)))
+    return _slice(calib, 0, n - held), _slice(calib, n - held, n)
+
+
+def _metric(pm: Any, name: str) -> Metric:
+    pm.load()
+    factory = pm.metrics.get_or_raise(name)
+    metric: Metric = factory()
+    return metric
+
+
+def measure_fidelity(
+    pm: Any,
+    framework: str,
+    fp32_model: Any,
+    quantized_model: Any,
+    held_out: ArrayLoader,
+    *,
+    held_out_from: str,
+    metric: str | None = None,
+    task: str | None = None,
+    time_models: bool = True,
+) -> Fidelity:
+    """Score ``quantized_model`` against ``fp32_model``'s outputs on ``held_out``.
+
+    ``metric`` names a registered metric; without it the metric is chosen from the fp32
+    outputs (``task``, e.g. ``"ctc"``, settles shapes that could be several tasks).
+    """
+    from .metrics import label_free_metric
+
+    recorder = OutputRecorder()
+    pm.evaluate(framework, fp32_model, held_out, [recorder])
+    if not recorder.outputs:
+        raise ConfigError("the held-out data gave no batch", hint="pass at least one sample")
+    if metric is None:
+        metric, reason = label_free_metric(recorder.outputs[0], task=task)
+    else:
+        reason = "named with --metric"
+    scorer = _metric(pm, metric)
+    result = pm.evaluate(
+        framework, quantized_model, ReferenceLoader(held_out, recorder.outputs), [scorer]
+    )
+    value = float(result.metrics[scorer.name])
+    fidelity = Fidelity(metric, value, reason, held_out.num_samples, held_out_from)
+    if time_models:
+        fidelity.fp32_ms, fidelity.quantized_ms = _interleaved_ms(
+            pm, framework, fp32_model, quantized_model, held_out
+        )
+    return fidelity
+
+
+def _interleaved_ms(
+    pm: Any, framework: str, fp32_model: Any, quantized_model: Any, data: ArrayLoader
+) -> tuple[float | None, float | None]:
+    """Median ms per batch of each model, timed alternately over a few rounds (a busy
+    machine slows both alike, so their ratio holds)."""
+    first = next(iter(data))
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for _ in range(_TIMING_ROUNDS):
+        for index, model in enumerate((fp32_model, quantized_model)):
+            measurer = LatencyMeasurer(warmup=1)
+            pm.evaluate(framework, model, [first] * 4, [], measurer=measurer)
+            if measurer.median_ms is not None:
+                times[index].append(measurer.median_ms)
+    return tuple(  # type: ignore[return-value]
+        statistics.median(values) if values else None for values in (times[0], times[1])
+    )
