@@ -2,7 +2,8 @@
 
 The capability YAML (plus any extra files in ``options["capability_files"]``, e.g. one
 adding int4 for conv2d) is loaded for the installed torch version and paired with the
-quantizable nodes of the model's exported graph.
+quantizable nodes of the model's exported graph. A Hugging Face causal LM is not
+exported: its ops are its ``nn.Linear`` modules by path (``lm_head`` its own op type).
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ def query_capability(
     kept as its example inputs for later jobs that get no data.
     """
     module = model_io.require_module(model)
+    spec = load_capability(_capability_files(options), FRAMEWORK, installed_version("torch"))
+    if model_io.is_causal_lm(module):
+        # an LLM: its Linears by module path, no export (weight-only needs none)
+        if dataloader is not None:
+            model_io.remember_example(module, first_batch(dataloader))
+        return spec.build(model_io.linear_ops(module), installed_version("torch"))
     args = first_batch(dataloader)
     model_io.remember_example(module, args)
     gm = model_io.exported(module, args, copy_graph=False)
-    spec = load_capability(_capability_files(options), FRAMEWORK, installed_version("torch"))
     ops = [key for key, _ in graph.quantizable_nodes(gm)]
     return spec.build(ops, installed_version("torch"))
 

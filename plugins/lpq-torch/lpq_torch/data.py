@@ -63,7 +63,12 @@ def outputs_to_numpy(outputs: Any) -> Any:
     if isinstance(outputs, torch.Tensor):
         return outputs.detach().float().cpu().numpy()
     if isinstance(outputs, Mapping):
-        return [outputs_to_numpy(v) for v in outputs.values()]
+        # a Hugging Face output's KV cache (``past_key_values``) is state, not an output
+        return [
+            outputs_to_numpy(v)
+            for v in outputs.values()
+            if v is not None and not type(v).__name__.endswith("Cache")
+        ]
     if isinstance(outputs, list | tuple):
         return [outputs_to_numpy(v) for v in outputs]
     return np.asarray(outputs)

@@ -5,7 +5,9 @@ freezing lowers the q/dq graph to oneDNN int8 kernels), but compiling costs seco
 minutes. So the model is compiled **only when a latency measurer is passed** (a latency
 number of an uncompiled PT2E graph would be meaningless); accuracy-only evaluation runs
 eagerly, which computes the same quantized arithmetic. ``LPQ_TORCH_COMPILE=0`` turns
-compilation off entirely.
+compilation off entirely. Hugging Face causal LMs and weight-only models always run
+eagerly: the weight-only kernels are aten ops that compilation does not speed up, and
+compiling a decoder costs minutes a trial.
 
 Compilation falls back, and says so (a warning on the ``lpq.torch`` logger): Inductor
 with freezing -> Inductor without freezing (freezing failed on an LSTM cell) -> eager.
@@ -51,8 +53,8 @@ from . import state
 from .backends import simulate
 from .data import CallArgs, call_args, labels_to_numpy, outputs_to_numpy, run
 from .errors import framework_error, stage
-from .info import TUNE_CFG_ATTR
-from .model_io import require_module
+from .info import TUNE_CFG_ATTR, WEIGHT_ONLY_ATTR
+from .model_io import is_causal_lm, require_module
 
 logger = logging.getLogger("lpq.torch")
 
@@ -87,7 +89,8 @@ class Forward:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
-        self.level = 0 if compile_enabled() else len(self.LEVELS) - 1
+        eager = not compile_enabled() or hasattr(module, WEIGHT_ONLY_ATTR) or is_causal_lm(module)
+        self.level = len(self.LEVELS) - 1 if eager else 0
         self.fn: Callable[..., Any] | None = None
         self.checked = False
 

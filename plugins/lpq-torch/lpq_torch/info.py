@@ -34,6 +34,8 @@ OUTPUT_RANGES_ATTR = "_lpq_output_ranges"
 IO_ATTR = "_lpq_io"
 #: Marks a model from torchao's dynamic int8 path (value: every op name of its tune_cfg).
 DYNAMIC_ATTR = "_lpq_torchao_dynamic"
+#: Marks a model from the weight-only pass (value: its ``WeightOnlyReport``).
+WEIGHT_ONLY_ATTR = "_lpq_weight_only"
 
 
 def capability_files() -> list[Path]:

@@ -49,6 +49,37 @@ from .info import EXAMPLE_ATTR, MODEL_SUFFIX
 from .state import Exported
 
 
+def is_causal_lm(module: Any) -> bool:
+    """A Hugging Face causal LM (``generate`` and a ``config.model_type``), by duck typing.
+
+    Such models are not exported: their Linears are listed by module path (capability)
+    and they are evaluated eagerly (compiling a decoder costs minutes and the weight-only
+    kernels are plain aten ops, which compilation does not speed up).
+    """
+    return callable(getattr(module, "generate", None)) and hasattr(
+        getattr(module, "config", None), "model_type"
+    )
+
+
+def linear_ops(module: torch.nn.Module) -> list[tuple[str, str]]:
+    """``(module path, op type)`` of every ``nn.Linear``, without exporting the model.
+
+    The output projection of a causal LM (``get_output_embeddings()``) is op type
+    ``lm_head`` so the capability can keep it float by default (it is often tied to the
+    token embedding, and perplexity is most sensitive to it).
+    """
+    head = None
+    get_head = getattr(module, "get_output_embeddings", None)
+    if callable(get_head):
+        with contextlib.suppress(Exception):
+            head = get_head()
+    return [
+        (name, "lm_head" if sub is head else "linear")
+        for name, sub in module.named_modules()
+        if isinstance(sub, torch.nn.Linear) and name
+    ]
+
+
 def require_module(model: Any) -> torch.nn.Module:
     """``model`` itself, or the model in a ``.pt2`` file (``torch.export.save`` format)."""
     if isinstance(model, str | os.PathLike) and str(model).endswith(MODEL_SUFFIX):

@@ -19,7 +19,7 @@ import torch
 
 from . import graph, model_io
 from .backends import simulate
-from .info import DYNAMIC_ATTR
+from .info import DYNAMIC_ATTR, WEIGHT_ONLY_ATTR
 
 _LOW_FLOAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -31,6 +31,8 @@ def quantized_ops(model: Any) -> dict[str, str]:
     module = model_io.require_module(model)
     if hasattr(module, DYNAMIC_ATTR):
         return _dynamic_ops(module)
+    if hasattr(module, WEIGHT_ONLY_ATTR):
+        return weight_only_ops(module)
     if isinstance(module, torch.fx.GraphModule) and any(graph.quantizable_nodes(module)):
         return {key[0]: node_precision(node) for key, node in graph.quantizable_nodes(module)}
     example = model_io.example_for(module)
@@ -44,6 +46,29 @@ def _dynamic_ops(module: torch.nn.Module) -> dict[str, str]:
     int8 = quantized_linears(module)
     names: list[str] = getattr(module, DYNAMIC_ATTR)
     return {name: "int8" if name in int8 else "fp32" for name in names}
+
+
+def weight_only_ops(module: torch.nn.Module) -> dict[str, str]:
+    """Every op of a weight-only model's tune_cfg: int4/int8 when its Linear's weight
+    really is torchao's int4 (``Int4OpaqueTensor``) or int8 (``Int8Tensor``) tensor."""
+    names: list[str] = getattr(module, WEIGHT_ONLY_ATTR).ops
+    found = dict(module.named_modules())
+    return {name: linear_weight_precision(found.get(name)) for name in names}
+
+
+def linear_weight_precision(sub: torch.nn.Module | None) -> str:
+    """``int4``/``int8`` from the type of a Linear's weight tensor, else ``fp32``/``bf16``."""
+    weight = getattr(sub, "weight", None)
+    if not isinstance(sub, torch.nn.Linear) or weight is None:
+        return "fp32"
+    tensor = weight.data if isinstance(weight, torch.nn.Parameter) else weight
+    kind = type(tensor).__name__
+    if "torchao" in type(tensor).__module__:
+        if kind.startswith("Int4"):
+            return "int4"
+        if kind.startswith("Int8"):
+            return "int8"
+    return _LOW_FLOAT.get(tensor.dtype, "fp32")
 
 
 def quantized_linears(model: torch.nn.Module) -> set[str]:

@@ -2,6 +2,8 @@
 
 * a backend scheme (``options["backend_scheme"]``, set by core from a backend profile):
   bit-exact simulation of that backend (:mod:`lpq_torch.backends.quantize`);
+* weight-only ops (int4/int8 Linear weights for LLMs): lpq.weight_only's maths run by
+  torch's CPU weight-only kernels (:mod:`lpq_torch.passes.weight_only`), no export;
 * dynamic ops on an ``nn.Module`` without QAT: torchao's dynamic int8 for Linear
   (:mod:`lpq_torch.passes.dynamic`);
 * otherwise the PT2E pass (:mod:`lpq_torch.passes.static`), static int8 per op or QAT
@@ -28,7 +30,7 @@ from . import graph, latency, model_io
 from .backends import quantize as backend
 from .data import at_least_two, first_batch
 from .info import EXAMPLE_ATTR, TUNE_CFG_ATTR
-from .passes import dynamic, static
+from .passes import dynamic, static, weight_only
 
 
 def quantize(
@@ -42,6 +44,13 @@ def quantize(
         return backend.quantize(model, tune_cfg, calib_dataloader, train_func)
     module = model_io.require_module(model)
     qat = train_func is not None
+    if weight_only.wanted(tune_cfg) and not qat:
+        # no export: an LLM's Linears are found by module path, calibrated by hooks
+        quantized = weight_only.quantize(module, tune_cfg, calib_dataloader)
+        if calib_dataloader is not None:
+            setattr(quantized, EXAMPLE_ATTR, first_batch(calib_dataloader))
+        setattr(quantized, TUNE_CFG_ATTR, tune_cfg.to_json())
+        return quantized
     args = first_batch(calib_dataloader)
     model_io.remember_example(module, args)
     if dynamic.wanted(tune_cfg) and not qat and not isinstance(module, torch.fx.GraphModule):

