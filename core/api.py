@@ -20,7 +20,7 @@ from .config import PostTrainingQuantConfig
 from .errors import ConfigError, TuningError
 from .eval.data import OutputRecorder, ReferenceLoader, as_dataloader, batch_size, split_batch
 from .eval.evaluation import Metric, Postprocess
-from .eval.metrics import label_free_metric
+from .eval.metric_choice import label_free_metric
 from .eval.watch import reading
 from .hardware import cpu_features
 from .plan.extra_capability import merge_capability_files

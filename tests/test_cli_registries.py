@@ -14,7 +14,7 @@ def test_json_names_what_each_plugin_registered(run_lpq):
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     pm = get_plugin_manager()
-    for name, profile in pm.backend_profiles.items():
+    for name in pm.backend_profiles:
         owner = pm.backend_profiles.owner(name)
         assert name in rows[owner]["registered"]["backend profile"], (name, owner)
     assert rows["onnxrt"]["registered"]["adaptor"] == ["onnxrt"]

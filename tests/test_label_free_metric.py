@@ -17,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpq
 from lpq.cli import main
-from lpq.eval.metrics import Agreement, CosineSimilarity, TopK, label_free_metric
+from lpq.eval.metric_choice import label_free_metric
+from lpq.eval.metrics import Agreement, CosineSimilarity, TopK
 
 
 def matmul_model(path: Path, out_shape: list, weight: np.ndarray, in_shape: list) -> Path:

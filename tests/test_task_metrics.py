@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.eval.metrics import CosineSimilarity, label_free_metric
+from lpq.eval.metric_choice import label_free_metric
+from lpq.eval.metrics import CosineSimilarity
 from lpq.eval.task_metrics import (
     TASK_METRICS,
     CTCCharAgreement,

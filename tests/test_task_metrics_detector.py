@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpq
 from lpq.eval.data import ArrayLoader, OutputRecorder, ReferenceLoader
-from lpq.eval.metrics import label_free_metric
+from lpq.eval.metric_choice import label_free_metric
 from lpq.eval.task_metrics import DetectionF1, DetectionMAP50
 
 pytest.importorskip("onnxruntime")

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..config import PostTrainingQuantConfig
 from ..eval.data import OutputRecorder, as_dataloader
-from ..eval.metrics import Agreement, label_free_metric
+from ..eval.metric_choice import label_free_metric
+from ..eval.metrics import Agreement
 from ..plan.capability import FrameworkCapability
 from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
 from ..plugins.manager import PluginManager, get_plugin_manager

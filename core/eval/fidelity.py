@@ -6,7 +6,7 @@ while a detector keeps a third of its detections, and a model scored on its own
 calibration samples looks better than it is. So the gate scores the quantized model
 against the fp32 model's outputs with the task's metric (detection F1, CTC string
 agreement, top-1 agreement, ... chosen from the outputs by
-:func:`lpq.eval.metrics.label_free_metric`, or named by the user) on held-out samples:
+:func:`lpq.eval.metric_choice.label_free_metric`, or named by the user) on held-out samples:
 the user's evaluation data, or the last fifth of the calibration data, which is then not
 used to calibrate. It also times both models side by side, so the report shows fidelity
 beside speed and size.
@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import ConfigError
 from .data import ArrayLoader, OutputRecorder, ReferenceLoader
 from .evaluation import LatencyMeasurer, Metric
+from .metric_choice import label_free_metric
 
 #: Share of the calibration samples held out when no evaluation data is given.
 HELD_OUT_SHARE = 0.2
@@ -115,7 +116,6 @@ def measure_fidelity(
     ``metric`` names a registered metric; without it the metric is chosen from the fp32
     outputs (``task``, e.g. ``"ctc"``, settles shapes that could be several tasks).
     """
-    from .metrics import label_free_metric
 
     recorder = OutputRecorder()
     pm.evaluate(framework, fp32_model, held_out, [recorder])

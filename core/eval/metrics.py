@@ -197,37 +197,6 @@ class F1:
         return float(np.mean(scores))
 
 
-def label_free_metric(reference: Any, task: str | None = None) -> tuple[str, str]:
-    """The metric to compare a model with reference outputs when the data has no labels,
-    chosen from the reference outputs (one batch of the fp32 model's), and why (said to
-    the user).
-
-    A task metric where the outputs say unambiguously which task the model does
-    (:func:`lpq.eval.task_metrics.choose_task_metric`: a YOLO or SSD detector ->
-    ``detection_f1``, a probability map -> ``mask_iou``, ...), or the one for ``task``
-    when the caller names it (``"ctc"`` for a recognizer). Otherwise, as before task
-    metrics: class scores on the last axis (at least 2-D, two or more classes) get
-    per-position top-1 agreement; anything else (a regression value, an embedding of
-    shape ``(N,)``) gets cosine similarity, which works for any shape.
-    """
-    from .task_metrics import choose_task_metric  # imports this module: import late
-
-    choice = choose_task_metric(reference, task=task)
-    if choice is not None:
-        return choice.metric, choice.reason
-    output = _first(reference)
-    if output.ndim >= 2 and output.shape[-1] >= 2:
-        positions = "" if output.ndim == 2 else " at every position"
-        return "agreement", (
-            f"the output {tuple(output.shape)} looks like class scores: accuracy is the share "
-            f"of samples{positions} whose top class matches the fp32 model's"
-        )
-    return "cosine", (
-        f"the output {tuple(output.shape)} holds no class scores: accuracy is the cosine "
-        "similarity with the fp32 model's outputs"
-    )
-
-
 BUILTIN_METRICS = {
     "top1": lambda: TopK(1),
     "accuracy": lambda: TopK(1),

@@ -7,7 +7,7 @@ model sees. A detector kept cosine 0.9988 with detection F1 0.35; argmax "agreem
 a YOLO head's 2100 anchors scored 0.03-0.27 for every trial (issue 26). Each task gets the
 score its users would compute, and :func:`choose_task_metric` picks one only where the
 outputs say unambiguously which task it is; otherwise it returns ``None`` and the caller
-falls back (:func:`lpq.eval.metrics.label_free_metric`) or asks for ``--metric``.
+falls back (:func:`lpq.eval.metric_choice.label_free_metric`) or asks for ``--metric``.
 
 Registered names (``lpq_register_metrics`` in :mod:`lpq.plugins.builtin`):
 ``detection_f1``, ``detection_map50`` (:mod:`.task_detection`), ``ctc_exact``,
