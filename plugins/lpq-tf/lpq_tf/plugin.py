@@ -61,7 +61,8 @@ class TfPlugin(lpq.AdaptorHooks):
                 framework=FRAMEWORK,
                 description="integer-only model: int8 inputs and outputs too (microcontrollers, "
                 "NPUs); lpq quantizes float data fed to it when evaluating",
-                options={"io_dtype": "int8"},
+                # integer-only targets: this CPU's timings say nothing about them
+                options={"io_dtype": "int8", "latency_aware": False},
             )
         )
 

@@ -35,6 +35,9 @@ class QuantizedModel:
     source: Prepared | None = field(default=None, repr=False, compare=False)
     #: The calibration samples used (not saved), so fp16 conversion can re-quantize.
     samples: Samples | None = field(default=None, repr=False, compare=False)
+    #: Latency-aware decisions (:meth:`lpq.latency.Decision.to_json`: ops kept fp32, the
+    #: measurements), when they ran (not saved).
+    latency: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         quantized = len(self.tune_cfg.quantized_ops())

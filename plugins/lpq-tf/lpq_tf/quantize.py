@@ -9,9 +9,12 @@
   ``.tflite`` inputs, 16x8 or dynamic with per-op fallbacks, int8/int16 mixes, per-op
   weight granularity, fp16 weights per op.
 
-Ops of the capability that the tune_cfg omits stay float, as the contract asks. The
-input model is never modified. Which quantizer ran is recorded on the result. The work of
-each quantizer is in :mod:`lpq_tf.passes`; this module only checks and routes.
+Ops of the capability that the tune_cfg omits stay float, as the contract asks. With the
+``latency_aware`` option (on for ``lpq quantize``), :mod:`lpq_tf.latency` then keeps in
+fp32 the ops that make the model slower on this machine, and the returned model's
+tune_cfg says so. The input model is never modified. Which quantizer ran is recorded on
+the result. The work of each quantizer is in :mod:`lpq_tf.passes`; this module only
+checks and routes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
 
-from . import calibration
+from . import calibration, latency
 from .capability import load_spec, quantizable_ops
 from .graph import read
 from .model_io import Prepared, prepare
@@ -71,24 +74,48 @@ def quantize(
     if io_dtype not in _IO_DTYPES:
         raise ConfigError(f"unknown io_dtype {io_dtype!r}", hint="use float32 or int8")
     configs = _all_op_configs(prepared, tune_cfg)
-    route = choose_route(prepared, configs)
     samples = _samples(prepared, configs, tune_cfg, calib_dataloader)
-    if route == FLOAT:
-        content = prepared.float_tflite
-    elif route == CONVERTER:
-        content = quantize_with_converter(prepared, configs, samples, io_dtype)
-    else:
-        by_tensor = {by_name[name][1]: cfg for name, cfg in configs.items()}
-        content = quantize_with_aeq(prepared, by_tensor, samples, io_dtype)
+
+    def convert(chosen: dict[str, OpConfig]) -> tuple[bytes, str]:
+        route = choose_route(prepared, chosen)
+        if route == FLOAT:
+            return prepared.float_tflite, route
+        if route == CONVERTER:
+            return quantize_with_converter(prepared, chosen, samples, io_dtype), route
+        by_tensor = {by_name[name][1]: cfg for name, cfg in chosen.items()}
+        return quantize_with_aeq(prepared, by_tensor, samples, io_dtype), route
+
+    content, route = convert(configs)
+    decision = None
+    if route != FLOAT and latency.wanted(options, io_dtype):
+        check_runs(QuantizedModel(content, tune_cfg, prepared.ops(), route))
+        decision, content = latency.choose(
+            float_tflite=prepared.float_tflite,
+            configs=configs,
+            op_types={name: op_type for name, (op_type, _) in by_name.items()},
+            samples=samples,
+            options=options,
+            convert=lambda chosen: convert(chosen)[0],
+            planned=content,
+        )
+        if decision.keep_float:
+            # What the model now runs: quantizing with it again gives the same model.
+            fallback = OpConfig.fallback()
+            tune_cfg = tune_cfg.with_ops(
+                {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
+            ).with_options({"latency_aware": False})
+            configs = _all_op_configs(prepared, tune_cfg)
+            route = choose_route(prepared, configs)
     qmodel = QuantizedModel(
         content,
         tune_cfg,
         prepared.ops(),
         route,
         quantizable=list(configs),
-        options=options,
+        options=dict(tune_cfg.options),
         source=prepared,
         samples=samples,
+        latency=decision.to_json() if decision is not None else None,
     )
     check_runs(qmodel)
     return qmodel
