@@ -4,6 +4,11 @@
 * bf16 fallbacks and no int8 op -> :func:`lpq_mxnet.lowp.cast_lowp` (MXNet's AMP pass);
 * nothing quantized -> the fp32 graph as a hybridized block.
 
+With the ``latency_aware`` option (on for ``lpq quantize``), :mod:`lpq_mxnet.latency` then
+keeps in fp32 the int8 ops that make the block slower on this machine; the block's
+tune_cfg (its ``ModelInfo``) says what it runs, and its ``_lpq_latency`` attribute holds
+the decision with the measurements.
+
 MXNet 1.9 cannot mix int8 and bf16 in one graph, and does post-training static int8
 only: anything else is a ConfigError.
 """
@@ -14,10 +19,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lpq import ConfigError, OpConfig, TuneConfig
+from lpq.latency import enabled
 
-from . import data
+from . import data, latency
 from .lowp import cast_lowp
-from .model_io import ModelInfo, fp32_graph
+from .model_io import ModelInfo, fp32_graph, info_of
 from .passes.static import quantize_static
 
 
@@ -52,7 +58,30 @@ def quantize(
     data.run(reference, [data.to_nd(a[:1]) for a in arrays])  # misfit data: a DataError now
     if not chosen:
         return reference
-    return quantize_static(graph, chosen, arrays, info)
+    planned = quantize_static(graph, chosen, arrays, info)
+    if not enabled(tune_cfg.options):
+        return planned
+    decision, block = latency.choose(
+        ops=ops,
+        chosen=chosen,
+        arrays=arrays,
+        options=dict(tune_cfg.options),
+        model_digest=latency.graph_digest(graph),
+        build_int8=lambda rest: quantize_static(graph, rest, arrays, info),
+        reference=reference,
+        planned=planned,
+    )
+    if decision.keep_float:
+        # What the block now runs: quantizing with it again gives the same block.
+        fallback = OpConfig.fallback()
+        effective = tune_cfg.with_ops(
+            {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
+        ).with_options({"latency_aware": False})
+        block_info = info_of(block)
+        if block_info is not None:
+            block_info.tune_cfg = effective.to_json()
+    setattr(block, latency.LATENCY_ATTR, decision.to_json())
+    return block
 
 
 def _quantized_ops(tune_cfg: TuneConfig) -> dict[str, OpConfig]:
