@@ -63,7 +63,7 @@ def test_cli_bad_model_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "notes.tflite").write_text("not a model")
     result = subprocess.run(
         [sys.executable, "-m", "lpq", "quantize", str(tmp_path / "notes.tflite"),
-         "--framework", "tf", "--out", str(tmp_path / "out.tflite")],
+         "--framework", "tf", "--approach", "dynamic", "--out", str(tmp_path / "out.tflite")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode != 0
