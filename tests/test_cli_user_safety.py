@@ -226,3 +226,15 @@ def test_plugins_list_says_what_a_plugin_without_its_framework_can_do(capsys, mo
     assert cli_module._status_text(Record()) == "ok (mxnet not installed: cannot quantize)"
     Record.frameworks = [{"framework": "onnxrt", "distribution": "onnxruntime", "installed": "1"}]
     assert cli_module._status_text(Record()) == "ok"
+
+
+def test_a_misspelt_onnxrt_option_fails_before_any_work(capsys, digits, model, tmp_path):
+    """lpq-onnxrt lists the option keys it reads: a typo is an error naming the known ones."""
+    code, _, err = _run(
+        capsys, "quantize", str(model), "--calib", str(digits["calib"]),
+        "--out", str(tmp_path / "q.onnx"), "--option", "latency_margn=0.05",
+    )  # fmt: skip
+    assert code == 2
+    assert "unknown --option key(s) for the onnxrt adaptor: latency_margn" in err
+    assert "latency_margin" in err
+    assert not (tmp_path / "q.onnx").exists()

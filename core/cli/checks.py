@@ -97,14 +97,14 @@ def check_names(
 def check_options(pm: Any, framework: str, options: Mapping[str, Any], backend: str | None) -> None:
     """Unknown ``--option`` keys are an error, where the adaptor lists the keys it reads.
 
-    The set is the adaptor's: an :class:`~lpq.AdaptorInfo` exposing ``known_options`` (or
-    ``options``) is checked against it, plus core's own keys and the backend profile's.
-    An adaptor that lists none is not checked (its options cannot be known here).
+    The set is the adaptor's :attr:`lpq.AdaptorInfo.known_options`, plus core's own keys
+    and the backend profile's. An adaptor that lists none is not checked (its options
+    cannot be known here).
     """
     if not options:
         return
     info = pm.adaptor(framework)
-    known = getattr(info, "known_options", None) or getattr(info, "options", None)
+    known = info.known_options
     if not known:
         logger.debug("the %s adaptor lists no options: --option keys not checked", framework)
         return

@@ -29,6 +29,10 @@ class AdaptorInfo:
     model_suffixes: Sequence[str] = ()
     #: Pip requirement that installs this adaptor, for "no plugin recognises this" hints.
     install_hint: str = ""
+    #: The global option keys the adaptor reads (``--option KEY=VALUE``; recipes included).
+    #: When given, an unknown key is an error before any work, listing these; when empty,
+    #: keys are not checked (lpq cannot know what the adaptor reads).
+    known_options: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,32 @@ def detect(model: Any) -> bool:
         return looks_like_onnx_file(model)
     except Exception:  # detection must never raise for a foreign model
         return False
+
+
+#: Every global option key lpq-onnxrt reads (``--option KEY=VALUE``): quantization,
+#: latency-aware decisions, the recipes of its capability YAML, and ORT session settings.
+KNOWN_OPTIONS = (
+    "quant_format",
+    "latency_aware",
+    "latency_margin",
+    "latency_cache_dir",
+    "latency_budget_s",
+    "latency_batch_size",
+    "dynamic_weights",
+    "accuracy_level",
+    "calibration_memory_mb",
+    "capability_file",
+    "activation_range_scales",
+    "cross_layer_equalization",
+    "smoothquant",
+    "bias_correction",
+    "adaround",
+    "threads",
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "graph_optimization_level",
+    "enable_profiling",
+    "optimized_model_filepath",
+    "providers",
+    "execution_provider",
+)

@@ -45,6 +45,7 @@ class OnnxrtPlugin(lpq.AdaptorHooks):
                 "int4 weight-only MatMul, fp16 fallback",
                 model_suffixes=info.MODEL_SUFFIXES,
                 install_hint=info.INSTALL_HINT,
+                known_options=info.KNOWN_OPTIONS,
             )
         )
 
