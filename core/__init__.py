@@ -37,7 +37,7 @@ from .plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, T
 from .plugins.adaptor_hooks import AdaptorHooks
 from .plugins.discovery import installed_version
 from .plugins.manager import PluginManager, get_plugin_manager
-from .plugins.types import AdaptorInfo, BackendProfile, Example
+from .plugins.types import AdaptorInfo, BackendProfile, Example, QuantizeResult
 from .tuning.gate import exclusive_timing
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ __all__ = [
     "Proposals",
     "QuantCapability",
     "QuantScheme",
+    "QuantizeResult",
     "QuantizedModel",
     "RuledOut",
     "RunCache",

@@ -159,17 +159,7 @@ class PostTrainingQuantConfig:
 
     def __post_init__(self) -> None:
         self.capability_files = [str(file) for file in self.capability_files]
-        for key, value in self.adaptor_options.items():
-            if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", key):
-                raise ConfigError(
-                    f"adaptor option name {key!r} is not lower_case_with_underscores",
-                    hint="the adaptor's docs list its options (e.g. docs/onnxrt.md)",
-                )
-            if not isinstance(value, str | int | float | bool | type(None)):
-                raise ConfigError(
-                    f"adaptor option {key} = {value!r}: values are strings, numbers, "
-                    "booleans or null",
-                )
+        check_adaptor_option_syntax(self.adaptor_options)
         _choice("approach", self.approach, _APPROACHES)
         _choice("quant_format", self.quant_format, _FORMATS)
         if self.calibration_sampling_size < 1:
@@ -245,3 +235,19 @@ def _check_override(source: str, key: str, value: Any) -> None:
                     f"{source}[{key!r}][{tensor!r}] has unknown option {name!r}",
                     hint=f"options: {', '.join(_TENSOR_FIELDS)}",
                 )
+
+
+def check_adaptor_option_syntax(options: dict[str, Any]) -> None:
+    """Adaptor option names are lower_case_with_underscores and values plain JSON scalars
+    (they go into tune_cfg JSON, history and run keys)."""
+    for key, value in options.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+            raise ConfigError(
+                f"adaptor option name {key!r} is not lower_case_with_underscores",
+                hint="the adaptor's docs list its options (e.g. docs/onnxrt.md)",
+            )
+        if not isinstance(value, str | int | float | bool | type(None)):
+            raise ConfigError(
+                f"adaptor option {key} = {value!r}: values are strings, numbers, "
+                "booleans or null",
+            )

@@ -173,7 +173,10 @@ def lpq_quantize(
     :param train_func: for quantization-aware training: called with the prepared
         (fake-quantized) model, trains it in place and may return it.
     :return: the quantized model, which ``lpq_evaluate``, ``lpq_inspect_tensor`` and
-        ``lpq_save_model`` accept; ``None`` if ``framework`` is not yours.
+        ``lpq_save_model`` accept — bare, or inside an :class:`lpq.QuantizeResult` with
+        what the adaptor already knows (per-op precisions read from the converted model,
+        the resolved tune_cfg, the size), so the trial asks no further hook for them;
+        ``None`` if ``framework`` is not yours.
 
     Called once per trial. Raise :class:`lpq.ModelError` or :class:`lpq.DataError` for
     problems the user can fix. Must not modify ``model``.

@@ -103,6 +103,9 @@ def check_options(pm: Any, framework: str, options: Mapping[str, Any], backend: 
     """
     if not options:
         return
+    from ..config import check_adaptor_option_syntax
+
+    check_adaptor_option_syntax(dict(options))  # a malformed key says so first
     info = pm.adaptor(framework)
     known = info.known_options
     if not known:

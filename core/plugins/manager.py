@@ -32,7 +32,7 @@ from .discovery import (
 )
 from .model_formats import missing_framework_error, unrecognised_model_error
 from .registry import Registry
-from .types import AdaptorInfo, BackendProfile, Example
+from .types import AdaptorInfo, BackendProfile, Example, QuantizeResult
 
 #: Module of lpq's own plugin (built-in metrics, strategies, executors).
 BUILTIN_PLUGIN = "lpq.plugins.builtin"
@@ -328,7 +328,20 @@ class PluginManager:
         calib_dataloader: Iterable[Any] | None,
         train_func: Callable[[Any], Any] | None = None,
     ) -> Any:
-        return self._dispatch(
+        """The quantized model (unwrapped, when the adaptor returned a QuantizeResult)."""
+        return self.quantize_result(framework, model, tune_cfg, calib_dataloader, train_func).model
+
+    def quantize_result(
+        self,
+        framework: str,
+        model: Any,
+        tune_cfg: TuneConfig,
+        calib_dataloader: Iterable[Any] | None,
+        train_func: Callable[[Any], Any] | None = None,
+    ) -> QuantizeResult:
+        """The quantized model with what the adaptor said about it (a bare model is
+        wrapped with every field ``None``: the trial then asks the hooks)."""
+        result = self._dispatch(
             "lpq_quantize",
             framework,
             model=model,
@@ -336,6 +349,7 @@ class PluginManager:
             calib_dataloader=calib_dataloader,
             train_func=train_func,
         )
+        return result if isinstance(result, QuantizeResult) else QuantizeResult(result)
 
     def evaluate(
         self,

@@ -1,4 +1,5 @@
-"""What plugins hand to lpq through the registration hooks."""
+"""What plugins hand to lpq: the objects of the registration hooks, and the result a
+quantization may return."""
 
 from __future__ import annotations
 
@@ -97,3 +98,22 @@ RegisterMetric = Callable[[str, Callable[..., Any]], None]
 RegisterBackendProfile = Callable[[BackendProfile], None]
 RegisterExample = Callable[[Example], None]
 RegisterExecutor = Callable[[str, Callable[..., Any]], None]
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """What an adaptor's ``lpq_quantize`` may return instead of the bare model: the model
+    and what the adaptor already knows about it, so a trial needs no further hook call to
+    learn it (one quantize, one evaluate).
+
+    ``quantized_ops``: fp32 op name -> precision read from the converted model (as
+    ``lpq_quantized_ops`` answers). ``tune_cfg``: the configuration the model really is,
+    when the adaptor resolved choices the requested one left open (as
+    ``lpq_resolved_config``). ``size_bytes``: the serialized size. A field left ``None``
+    is asked through its hook, as for a bare model.
+    """
+
+    model: Any
+    quantized_ops: Mapping[str, str] | None = None
+    tune_cfg: Any = None
+    size_bytes: int | None = None

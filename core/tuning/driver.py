@@ -171,7 +171,7 @@ class TuningDriver(TuningContext):
                     continue
                 computed = cache.misses
                 try:
-                    model = self.runner.quantize(cfg)
+                    model = self.runner.quantize_result(cfg)
                 except DataError:
                     raise
                 except Exception as exc:  # the trial of this config will record it

@@ -13,7 +13,7 @@ import math
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +25,7 @@ from ..eval.evaluation import LatencyMeasurer, Metric, Postprocess
 from ..eval.watch import reading
 from ..plan.tune_config import TuneConfig
 from ..plugins.manager import get_plugin_manager
+from ..plugins.types import QuantizeResult
 from .gate import TrialSlot
 from .records import TrialRecord
 
@@ -240,26 +241,34 @@ def model_size(framework: str, model: Any) -> int | None:
 
 
 def op_counts(
-    framework: str, model: Any, cfg: TuneConfig
+    framework: str, model: Any, cfg: TuneConfig, reported: Mapping[str, str] | None = None
 ) -> tuple[int, int, str, dict[str, str] | None]:
     """(quantized, fallback, source, per-op precisions) of a converted model.
 
-    Read from the model through ``lpq_quantized_ops`` when the adaptor implements it;
-    otherwise the tune_cfg's plan, marked ``"plan"``.
+    Read from the model: ``reported`` (what the adaptor's quantize already said), else
+    ``lpq_quantized_ops`` when the adaptor implements it; otherwise the tune_cfg's plan,
+    marked ``"plan"``.
     """
-    found = get_plugin_manager().quantized_ops(framework, model)
+    found = reported if reported is not None else get_plugin_manager().quantized_ops(
+        framework, model
+    )
     if found is None:
         return len(cfg.quantized_ops()), len(cfg.fallback_ops()), "plan", None
     names = {name for name, _ in cfg.ops}
-    precisions = {name: p for name, p in found.items() if name in names} or found
+    precisions = {name: p for name, p in found.items() if name in names} or dict(found)
     quantized = sum(1 for p in precisions.values() if p not in ("fp32", "bf16", "fp16"))
     return quantized, len(precisions) - quantized, "model", precisions
 
 
-def resolved_fingerprint(framework: str, model: Any, cfg: TuneConfig) -> str:
+def resolved_fingerprint(
+    framework: str, model: Any, cfg: TuneConfig, reported: TuneConfig | None = None
+) -> str:
     """The fingerprint of the tune_cfg ``model`` really is, when the adaptor says it
-    resolved choices ``cfg`` left open (``lpq_resolved_config``); "" otherwise."""
-    resolved = get_plugin_manager().resolved_config(framework, model)
+    resolved choices ``cfg`` left open (``reported`` by its quantize, else
+    ``lpq_resolved_config``); "" otherwise."""
+    resolved = reported if reported is not None else get_plugin_manager().resolved_config(
+        framework, model
+    )
     if resolved is None:
         return ""
     fingerprint = resolved.fingerprint()
@@ -334,12 +343,17 @@ class TrialRunner:
         )
 
     def quantize(self, cfg: TuneConfig) -> Any:
+        """The quantized model of ``cfg``."""
+        return self.quantize_result(cfg).model
+
+    def quantize_result(self, cfg: TuneConfig) -> QuantizeResult:
+        """``cfg`` quantized, with what the adaptor said about the model."""
         with using_run_cache(self.cache_dir):
             return self._quantize(cfg)
 
-    def _quantize(self, cfg: TuneConfig) -> Any:
+    def _quantize(self, cfg: TuneConfig) -> QuantizeResult:
         with reading("calibration", self.calib_dataloader, cfg.calib_sampling_size) as data:
-            return get_plugin_manager().quantize(
+            return get_plugin_manager().quantize_result(
                 self.framework, self.model, cfg, data, self.train_func
             )
 
@@ -349,7 +363,8 @@ class TrialRunner:
         """Quantize and evaluate; errors in the candidate become an ``error`` record.
 
         Errors in the user's data are re-raised: every trial would hit them again.
-        ``prebuilt``: the candidate, already quantized (by the driver's warm-up).
+        ``prebuilt``: the candidate, already quantized (by the driver's warm-up), as a
+        model or a :class:`lpq.QuantizeResult`.
         """
         gate = gate or NoGate()
         cfg = spec.config()
@@ -365,17 +380,22 @@ class TrialRunner:
         model = None
         try:
             with using_run_cache(self.cache_dir), TrialSlot(gate):
-                model = prebuilt if prebuilt is not None else self._quantize(cfg)
+                built = prebuilt if prebuilt is not None else self._quantize(cfg)
+                if not isinstance(built, QuantizeResult):
+                    built = QuantizeResult(built)
+                model = built.model
                 (
                     record.quantized_ops,
                     record.fallback_ops,
                     record.counts_from,
                     record.op_precisions,
-                ) = op_counts(self.framework, model, cfg)
-                record.resolved_fingerprint = resolved_fingerprint(self.framework, model, cfg)
+                ) = op_counts(self.framework, model, cfg, built.quantized_ops)
+                record.resolved_fingerprint = resolved_fingerprint(
+                    self.framework, model, cfg, built.tune_cfg
+                )
                 record.accuracy, record.footprint_bytes = self.evaluation.accuracy(model)
                 if self.measure_size:
-                    record.size_bytes = model_size(self.framework, model)
+                    record.size_bytes = built.size_bytes or model_size(self.framework, model)
             if spec.latency_if is None or spec.latency_if.wants(record.accuracy):
                 with gate.exclusive():
                     record.latency_ms = self.latency(model)

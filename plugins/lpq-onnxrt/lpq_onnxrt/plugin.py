@@ -122,10 +122,19 @@ class OnnxrtPlugin(lpq.AdaptorHooks):
         tune_cfg: TuneConfig,
         calib_dataloader: Iterable[Any] | None,
         train_func: Callable[[Any], Any] | None,
-    ) -> Any:
+    ) -> lpq.QuantizeResult:
+        """The quantized model with its per-op precisions and resolved config, read once
+        here so a trial needs no further hook call for them."""
+        from .precision import quantized_ops
+        from .qmodel import resolved_config
         from .quantize import quantize
 
-        return quantize(model, tune_cfg, calib_dataloader, train_func)
+        quantized = quantize(model, tune_cfg, calib_dataloader, train_func)
+        return lpq.QuantizeResult(
+            quantized,
+            quantized_ops=quantized_ops(quantized),
+            tune_cfg=resolved_config(quantized),
+        )
 
     def evaluate(
         self,
