@@ -54,3 +54,21 @@ class TuningError(LpqError):
 class LpqWarning(UserWarning):
     """Something lpq went on with but the user should know (e.g. an unknown plugin name in
     ``LPQ_DISABLE_PLUGINS``). The CLI prints it as ``warning: ...``."""
+
+
+class LpqDeprecationWarning(LpqWarning, DeprecationWarning):
+    """A public name or behaviour that a later minor release removes: it warns for at least
+    one minor release first (CHANGELOG.md, "Deprecated"). Raise it with
+    :func:`warn_deprecated`."""
+
+
+def warn_deprecated(what: str, *, since: str, removal: str, instead: str) -> None:
+    """Warn that ``what`` is deprecated since ``since`` and goes in ``removal``."""
+    import warnings
+
+    warnings.warn(
+        f"{what} is deprecated since lpq-core {since} and will be removed in {removal}: "
+        f"{instead}",
+        LpqDeprecationWarning,
+        stacklevel=3,
+    )
