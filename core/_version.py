@@ -1,3 +1,3 @@
 """The lpq-core version, read by plugins' compatibility checks and `lpq --version`."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

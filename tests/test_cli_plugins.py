@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import lpq
+
 import pytest
 from core_testutil import GOOD_PLUGIN, RAISING_PLUGIN, WRONG_SIGNATURE_PLUGIN, FakeSite
 
@@ -100,7 +102,7 @@ def test_version_lists_core_and_plugins(fake_site: FakeSite, run_lpq):
     result = run_lpq("--version", env=fake_site.env(LPQ_LOAD_PLUGINS="toy"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "lpq-core 0.1.0"
+    assert lines[0] == f"lpq-core {lpq.__version__}"
     assert "lpq-toy 2.5 (plugin 'toy', ok)" in lines
 
 

@@ -105,7 +105,7 @@ def test_incompatible_plugin_fails_in_strict_mode(fake_site: FakeSite, monkeypat
         records(monkeypatch, "future")
 
 
-@pytest.mark.parametrize("requirement", [None, ">=0.1,<0.2", "~=0.1"])
+@pytest.mark.parametrize("requirement", [None, ">=0.2,<0.3", "~=0.2"])
 def test_compatible_or_undeclared_core_range_loads(
     fake_site: FakeSite, monkeypatch, requirement: str | None
 ):

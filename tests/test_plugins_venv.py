@@ -37,7 +37,7 @@ name = "lpq-acme"
 version = "0.3.1"
 description = "A third-party lpq adaptor for the Acme toy framework"
 requires-python = ">=3.10"
-dependencies = ["lpq-core>=0.1,<0.2"]
+dependencies = ["lpq-core>=0.2,<0.3"]
 
 [project.entry-points.lpq]
 acme = "lpq_acme.plugin"
@@ -279,7 +279,7 @@ def test_plugins_list_shows_the_third_party_plugin(fresh_venv: tuple[Path, Path]
     assert row["status"] == "ok"
     assert (row["distribution"], row["version"]) == ("lpq-acme", "0.3.1")
     assert row["entry_point"] == "lpq_acme.plugin"
-    assert row["requires_core"] == "<0.2,>=0.1"
+    assert row["requires_core"] == "<0.3,>=0.2"
     assert row["frameworks"] == [
         {"framework": "acme", "distribution": "acme-runtime", "installed": None}
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..eval.lm_metrics import Perplexity, TokenAgreement
 from ..eval.metrics import BUILTIN_METRICS
 from ..eval.task_metrics import TASK_METRICS
 from ..hookspecs import hookimpl
@@ -19,6 +20,8 @@ def lpq_register_metrics(register: RegisterMetric) -> None:
         register(name, factory)
     for name, factory in TASK_METRICS.items():
         register(name, factory)
+    register("perplexity", Perplexity)  # language models: logits against token ids
+    register("token_agreement", TokenAgreement)  # next-token top-1 against fp32's logits
 
 
 @hookimpl

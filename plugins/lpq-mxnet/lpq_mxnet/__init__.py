@@ -4,4 +4,4 @@ Importing this package imports no MXNet: the hooks in :mod:`lpq_mxnet.plugin` lo
 framework only when a model of theirs is handled.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

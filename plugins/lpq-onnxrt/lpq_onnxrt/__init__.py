@@ -7,4 +7,4 @@ detection), :mod:`.plugin` (registration only), one module per job (:mod:`.capab
 :mod:`.model_io` / :mod:`.data` below them. Importing the package imports no framework.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

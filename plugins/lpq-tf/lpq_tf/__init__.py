@@ -7,4 +7,4 @@ each job's module (:mod:`~lpq_tf.quantize`, :mod:`~lpq_tf.evaluate`, ...) when i
 called; :mod:`lpq_tf.info` is what is known without any framework.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

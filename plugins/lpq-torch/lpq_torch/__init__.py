@@ -4,4 +4,4 @@ Importing this package does not import torch; the adaptor's modules import it wh
 is first called for the ``torch`` framework.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

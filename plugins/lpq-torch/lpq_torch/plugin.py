@@ -52,14 +52,6 @@ class TorchPlugin(lpq.AdaptorHooks):
 
         register_all(register)
 
-    @lpq.hookimpl
-    def lpq_register_metrics(self, register: Callable[[str, Callable[..., Any]], None]) -> None:
-        # numpy only: no torch import. These belong in core (they are framework-neutral).
-        from .metrics import Perplexity, TokenAgreement
-
-        register("perplexity", Perplexity)
-        register("token_agreement", TokenAgreement)
-
     def detect(self, model: Any) -> bool:
         return detect(model)
 

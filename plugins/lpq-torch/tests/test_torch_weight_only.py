@@ -22,7 +22,7 @@ from lpq import weight_only as wo
 
 transformers = pytest.importorskip("transformers", reason="pip install 'lpq-torch[test]'")
 
-from lpq_torch.metrics import Perplexity, TokenAgreement  # noqa: E402
+from lpq.eval.lm_metrics import Perplexity, TokenAgreement  # noqa: E402
 from lpq_torch.passes import weight_only as wo_pass  # noqa: E402
 from lpq_torch.precision import quantized_ops  # noqa: E402
 

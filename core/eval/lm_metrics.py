@@ -1,11 +1,9 @@
 """Label-free language-model metrics: ``perplexity`` and ``token_agreement``.
 
-Registered by :class:`lpq_torch.plugin.TorchPlugin` (``lpq_register_metrics``) so that
-``lpq.fit(..., eval_metric="perplexity")`` can tune an LLM against the user's own text.
-The arithmetic is core's (:mod:`lpq.weight_only.metrics`); these classes only adapt it
-to the :class:`lpq.Metric` protocol (``update(preds, labels)`` per batch). They import
-neither torch nor transformers, and belong in core; they live here until core registers
-them itself (every adaptor's LLM outputs are logits ``(N, L, V)``).
+Built-in metrics (every adaptor's language model outputs logits ``(N, L, V)``), so that
+``lpq.fit(..., eval_metric="perplexity")`` can tune an LLM against the user's own text on
+any framework. The arithmetic is :mod:`lpq.weight_only.metrics`; these classes adapt it
+to the :class:`lpq.Metric` protocol (``update(preds, labels)`` per batch).
 
 * ``perplexity`` (lower is better): ``preds`` are the logits (or a list whose first item
   is), ``labels`` the token ids ``(N, L)`` the logits were computed from (pass the eval
@@ -22,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from lpq import DataError
-from lpq.weight_only import nll_sum, perplexity_from_nll
+from ..errors import DataError
+from ..weight_only.metrics import nll_sum, perplexity_from_nll
 
 
 def logits_of(preds: Any) -> npt.NDArray[np.floating]:
