@@ -98,7 +98,19 @@ def _check(spec: InputSpec, array: Any) -> np.ndarray:
 
 
 def make_feed(specs: list[InputSpec], inputs: Any) -> dict[str, np.ndarray]:
-    """One validated feed dict from one batch of inputs."""
+    """One validated feed dict from one batch of inputs.
+
+    For a decoder with KV-cache inputs, token windows alone (``input_ids`` as a dict
+    entry or the only array) are enough: :mod:`.llm_io` fills the mask, positions and
+    empty caches.
+    """
+    from . import llm_io
+
+    if llm_io.is_decoder(specs):
+        if not isinstance(inputs, Mapping | list | tuple):
+            inputs = {llm_io.TOKENS: inputs}
+        if isinstance(inputs, Mapping) and llm_io.TOKENS in inputs:
+            inputs = llm_io.fill_decoder_inputs(specs, inputs)
     if isinstance(inputs, Mapping):
         expected = {spec.name for spec in specs}
         unknown = [name for name in inputs if name not in expected]

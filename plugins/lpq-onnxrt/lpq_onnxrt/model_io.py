@@ -11,6 +11,7 @@ is cached per model content, so a tuning run pays for it once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -140,12 +141,49 @@ def name_nodes(model: onnx.ModelProto) -> int:
 
 
 def normalize_versions(model: onnx.ModelProto) -> None:
-    """Make the IR version and opset ones ORT accepts (converting the opset if needed)."""
+    """Make the IR version and opset ones ORT accepts, converting only what it must.
+
+    onnx 1.23's ``make_model`` stamps IR/opset versions newer than ORT has kernels for,
+    so a default-domain opset above :data:`MAX_OPSET` is converted down. An LLM export
+    (onnxruntime-genai's builder: opset 22 with ``SimplifiedLayerNormalization`` in the
+    default domain and ``com.microsoft`` ops) cannot be converted (onnx's converter does
+    not know those ops) and needs no conversion: when the converter fails and ORT loads
+    the model's versions (:func:`ort_accepts`), the model is kept as it is.
+    """
     if model.ir_version > MAX_IR_VERSION:
         model.ir_version = MAX_IR_VERSION
     opset = opset_of(model)
-    if opset > MAX_OPSET:
+    if opset <= MAX_OPSET:
+        return
+    try:
         _convert_opset(model, MAX_OPSET)
+    except ModelError:
+        if not ort_accepts(int(model.ir_version), opset):
+            raise
+        log.info("keeping opset %d: onnx cannot convert this model, and ORT loads it", opset)
+
+
+@functools.cache
+def ort_accepts(ir_version: int, opset: int) -> bool:
+    """Whether the installed ONNX Runtime loads a model of this IR version and default
+    opset (probed once per pair with a one-node model: ORT has no API that says)."""
+    import onnx
+    import onnxruntime as ort
+
+    if opset <= 0:
+        return True
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph([node], "probe", [value("x", 1, [1])], [value("y", 1, [1])])
+    probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    probe.ir_version = ir_version
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:  # ORT raises untyped errors for unsupported versions
+        return False
+    return True
 
 
 def upgrade_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:

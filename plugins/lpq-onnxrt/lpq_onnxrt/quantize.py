@@ -70,7 +70,9 @@ def quantize(
         work, base = static.model, static.base
         groups["dynamic"].update(static.dynamic_ops)
     for mode, run_pass in PASSES.items():  # modes that need no calibration
-        if groups[mode]:
+        if mode == "weight_only" and groups[mode]:  # GPTQ/AWQ calibrate when asked to
+            work = weight_only_pass(work, groups[mode], tune_cfg.options, calib_dataloader)
+        elif groups[mode]:
             work = run_pass(work, groups[mode], tune_cfg.options)
     if floats:
         from .lowp import cast_nodes

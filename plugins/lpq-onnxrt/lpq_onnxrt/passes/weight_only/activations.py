@@ -1,0 +1,150 @@
+"""Streaming statistics of MatMul inputs for GPTQ, AWQ and the scale search.
+
+GPTQ needs each layer's input Hessian, AWQ a sample of its input rows, the scale search
+the mean square of each input channel. Holding every layer's activations for every
+calibration window would take gigabytes on an LLM, so the statistics are accumulated as
+the windows run: the MatMul inputs are made graph outputs of a copy of the model, in
+*chunks* whose activations for one batch fit ``budget_bytes``; each chunk runs the
+calibration data once, feeds :class:`lpq.weight_only.HessianAccumulator` and keeps at
+most ``sample_rows`` rows per tensor, then its outputs are dropped. Peak memory is the
+model, one ORT session of it, one batch's activations of one chunk and the statistics
+((K, K) float64 per Hessian).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lpq import DataError
+from lpq.weight_only import HessianAccumulator
+
+from ...data import iter_batches
+from ...session import create_session
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one MatMul input tensor (width ``k``) must be summarised into."""
+
+    k: int
+    hessian: bool = False
+    sample_rows: int = 0
+
+
+@dataclass
+class TensorStats:
+    """The statistics of one tensor over the calibration data."""
+
+    k: int
+    hessian: HessianAccumulator | None = None
+    sumsq: npt.NDArray[np.float64] | None = None
+    count: int = 0
+    rows: list[npt.NDArray[np.float32]] = field(default_factory=list)
+
+    def importance(self) -> npt.NDArray[np.float64] | None:
+        """Mean square of each input channel (the scale search's weighting)."""
+        if self.sumsq is None or self.count == 0:
+            return None
+        return self.sumsq / self.count
+
+    def sample(self) -> npt.NDArray[np.float32]:
+        """The kept rows as one (M, K) matrix."""
+        return np.concatenate(self.rows, axis=0) if self.rows else np.zeros((0, self.k), np.float32)
+
+
+def _add(stats: TensorStats, need: Need, value: np.ndarray) -> None:
+    x = np.asarray(value, dtype=np.float32).reshape(-1, stats.k)
+    if stats.hessian is not None:
+        stats.hessian.add(x)
+    sq = np.einsum("ij,ij->j", x, x, dtype=np.float64)
+    stats.sumsq = sq if stats.sumsq is None else stats.sumsq + sq
+    stats.count += x.shape[0]
+    if need.sample_rows:
+        stats.rows.append(x[:: max(1, x.shape[0] // need.sample_rows)][: need.sample_rows].copy())
+        kept = sum(r.shape[0] for r in stats.rows)
+        if kept > 2 * need.sample_rows:  # thin evenly so memory stays bounded
+            merged = np.concatenate(stats.rows, axis=0)
+            stats.rows = [merged[:: max(1, kept // need.sample_rows)][: need.sample_rows]]
+
+
+def _chunks(needs: Mapping[str, Need], tokens: int, budget_bytes: int) -> list[list[str]]:
+    """Tensors grouped so one batch's activations of a group fit ``budget_bytes``."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, need in needs.items():
+        size = need.k * tokens * 4
+        if groups[-1] and used + size > budget_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size
+    return groups
+
+
+def _tokens_per_batch(model: onnx.ModelProto, calib: Iterable[Any]) -> int:
+    for feed, _ in iter_batches(model, calib, None):
+        ids = next(iter(feed.values()))
+        return int(np.prod(ids.shape[:2])) if ids.ndim >= 2 else int(ids.size)
+    raise DataError("the calibration data is empty", hint="pass at least one token window")
+
+
+def collect(
+    model: onnx.ModelProto,
+    calib: Iterable[Any],
+    needs: Mapping[str, Need],
+    *,
+    budget_bytes: int = 512 << 20,
+) -> dict[str, TensorStats]:
+    """Run ``calib`` through ``model`` (not modified) and summarise every tensor in
+    ``needs``, one chunk of tensors at a time (see the module docstring)."""
+    stats = {
+        name: TensorStats(need.k, HessianAccumulator(need.k) if need.hessian else None)
+        for name, need in needs.items()
+    }
+    chunks = _chunks(needs, _tokens_per_batch(model, calib), budget_bytes)
+    for index, chunk in enumerate(chunks, 1):
+        log.info(
+            "weight-only calibration: chunk %d/%d (%d tensors)", index, len(chunks), len(chunk)
+        )
+        _run_chunk(model, calib, chunk, needs, stats)
+    return stats
+
+
+def _run_chunk(
+    model: onnx.ModelProto,
+    calib: Iterable[Any],
+    chunk: list[str],
+    needs: Mapping[str, Need],
+    stats: dict[str, TensorStats],
+) -> None:
+    import onnx
+
+    graph_inputs = {value.name for value in model.graph.input}
+    extra = [name for name in chunk if name not in graph_inputs]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in extra
+    )
+    session = create_session(probe, {}, purpose="weight-only calibration")
+    del probe
+    batches = 0
+    for feed, _ in iter_batches(model, calib, None):
+        values = dict(zip(extra, session.run(extra, feed))) if extra else {}
+        for name in chunk:
+            value = values[name] if name in values else feed[name]
+            _add(stats[name], needs[name], value)
+        batches += 1
+    if batches == 0:
+        raise DataError("the calibration data is empty", hint="pass at least one token window")
