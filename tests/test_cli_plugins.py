@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-import lpq
-
 import pytest
 from core_testutil import GOOD_PLUGIN, RAISING_PLUGIN, WRONG_SIGNATURE_PLUGIN, FakeSite
+
+import lpq
 
 
 @pytest.fixture
