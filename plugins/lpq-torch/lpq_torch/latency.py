@@ -1,78 +1,144 @@
-"""Latency-aware quantization: keep in fp32 what int8 makes slower on this machine.
+"""Latency-aware quantization for PyTorch: lpq-torch's backend for :mod:`lpq.latency`.
 
 int8 is not faster everywhere. On Silero VAD's network (sub-millisecond, a 1-channel STFT
 conv with a 256-tap kernel feeding a square root) the int8 graph compiled with Inductor was
 slower than fp32 at batch 1 and only as fast at batch 8: the quantize/dequantize steps
-around small convs cost more than the int8 kernels save. Whether an op wins depends on the
-CPU, the thread count and the batch, so this module *measures*, with the compiled models
-lpq's evaluation uses (:class:`lpq_torch.evaluate.Forward`), on the first calibration batch:
+around small convs cost more than the int8 kernels save. The search is core's
+(:func:`lpq.latency.decide`); this module answers its questions with the compiled models
+lpq's evaluation uses (:class:`lpq_torch.evaluate.Forward`):
 
-1. the plan against the fp32 model: clearly faster (under :data:`CLEAR_WIN` of its time),
-   it is kept (the usual case; both compiled forwards are reused by the evaluation, so a
-   trial pays nothing extra);
-2. otherwise every comparison is made at the calibration batch *and* at batch 1 (small
-   batches pay the quantize/dequantize steps most: VAD's int8 plan was 0.95x the fp32
-   time at batch 8 and 1.5x at batch 1), taking the worse of the two: the plan is kept if
-   faster by :data:`MARGIN`; else each op type in turn goes back to fp32, then (for models
-   with at most :data:`MAX_SINGLE_OPS` quantized ops) each single op: a change is kept
-   when the model gets faster by :data:`MARGIN`;
-3. never slower than fp32: if the fp32 model still beats the result, every op stays fp32.
+* ``ops()``: the ops the tune_cfg quantizes, ``(name, op type)``, in its order;
+* ``build(keep_float)``: the PT2E model with those ops in fp32 (the planned model when
+  none is, the fp32 model when all are);
+* ``runner(candidate)``: one compiled forward under ``torch.inference_mode()``.
 
-Comparisons are paired: the two models run alternately, each round's time ratio is
-recorded, and the median ratio decides, so load drift on a shared machine hits both sides
-alike. Decisions are kept in the run state per model, plan, input shape and thread count:
-a tuning run asks for the same plan more than once.
+Timing (:func:`worse_timer`): every comparison is timed at the first calibration batch
+*and* at batch 1 (small batches pay the quantize/dequantize steps most: VAD's int8 plan was
+0.95x the fp32 time at batch 8 and 1.5x at batch 1), and the shape where the more
+quantized candidate fares worse decides; batch 1 is skipped when the calibration batch
+already shows that candidate clearly faster (under ``CLEAR_WIN`` of the other's time,
+noise included), so a clearly winning plan costs one fp32 and one int8 compile, both
+reused by the evaluation. Timing holds :func:`lpq.exclusive_timing` (parallel tuning
+workers wait); compiling happens before it.
+
+Decisions are cached (:mod:`lpq.latency.cache`) per model weights, plan, shapes, machine,
+threads and torch version; the returned model carries the decision's JSON in
+:data:`LATENCY_ATTR`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 import lpq
-from lpq import ConfigError, OpConfig, TuneConfig
+from lpq import OpConfig, TuneConfig, content_key
+from lpq.latency import (
+    DEFAULT_MARGIN,
+    Decision,
+    Timer,
+    Timing,
+    announce,
+    decide,
+    enabled,
+    interleaved,
+)
+from lpq.latency import cache as latency_cache
+from lpq.latency.search import CLEAR_WIN
 
 from . import evaluate, state
 from .data import CallArgs
 
 logger = logging.getLogger("lpq.torch")
 
-#: A change must make the model this much faster (relative) to be kept.
-MARGIN = 0.03
-#: A plan taking less than this fraction of the fp32 time is kept without a batch-1 check.
-CLEAR_WIN = 0.8
-#: Single ops are tried only in models with at most this many quantized ops.
-MAX_SINGLE_OPS = 8
-MIN_ROUNDS = 10
-MAX_ROUNDS = 200
-MIN_SECONDS = 0.5
+FRAMEWORK = "torch"
+#: The attribute a model built by latency-aware quantization carries its decision in.
+LATENCY_ATTR = "_lpq_latency"
 
 
 def wanted(tune_cfg: TuneConfig) -> bool:
-    value = tune_cfg.options.get("latency_aware", False)
-    if not isinstance(value, bool):
-        raise ConfigError(
-            f"latency_aware must be true or false, not {value!r}", hint="use true or false"
-        )
-    return value
+    """The ``latency_aware`` option (:func:`lpq.latency.enabled`)."""
+    return enabled(tune_cfg.options)
 
 
 def without(tune_cfg: TuneConfig, names: frozenset[str]) -> TuneConfig:
     """``tune_cfg`` with the ops ``names`` in fp32."""
-    ops = {
-        key: OpConfig.fallback() if key[0] in names else cfg for key, cfg in tune_cfg.ops.items()
-    }
-    return TuneConfig(ops, tune_cfg.calib_sampling_size, dict(tune_cfg.options))
+    fallback = OpConfig.fallback()
+    return tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
 
 
-def _plan_key(tune_cfg: TuneConfig, args: CallArgs) -> str:
-    shapes = [tuple(v.shape) for v in [*args[0], *args[1].values()] if hasattr(v, "shape")]
-    return f"{tune_cfg.to_json()}|{shapes}|{torch.get_num_threads()}"
+class TorchBackend:
+    """Candidates are ``nn.Module`` s; see the module doc."""
+
+    def __init__(
+        self,
+        ops: Sequence[tuple[str, str]],
+        build: Callable[[frozenset[str]], torch.nn.Module],
+        args: CallArgs,
+    ) -> None:
+        self._ops, self._build, self.args = list(ops), build, args
+
+    def ops(self) -> list[tuple[str, str]]:
+        return self._ops
+
+    def build(self, keep_float: frozenset[str]) -> torch.nn.Module:
+        return self._build(keep_float)
+
+    def runner(
+        self, candidate: torch.nn.Module, args: CallArgs | None = None
+    ) -> Callable[[], object]:
+        forward, at = evaluate.forward_for(candidate), self.args if args is None else args
+
+        def run() -> object:
+            with torch.inference_mode():
+                return forward(at)
+
+        return run
+
+
+def time_at(backend: TorchBackend, candidates: Mapping[str, Any], args: CallArgs) -> Timing:
+    """``candidates`` timed interleaved at ``args``: compiled and warmed up first, then
+    timed with the machine to ourselves (:func:`lpq.exclusive_timing`)."""
+    runs = {label: backend.runner(candidate, args) for label, candidate in candidates.items()}
+    for _ in range(2):  # compile, then warm up: outside the exclusive block
+        for run in runs.values():
+            run()
+    with torch.inference_mode(), lpq.exclusive_timing():
+        return interleaved(runs, warmup=1, seed=0)
+
+
+def worse_timer(
+    backend: TorchBackend, shapes: Sequence[CallArgs], clear_win: float = CLEAR_WIN
+) -> Timer:
+    """Times each comparison at every shape in ``shapes`` and returns the timing where
+    ``current`` (the more quantized candidate) fares worse, i.e. the smallest paired
+    ratio candidate / current. Later shapes are skipped when the first already shows
+    ``current`` clearly faster (under ``clear_win`` of the candidate's time, noise
+    included). A comparison timed again (core pools close calls) is timed at the shape
+    chosen the first time, so pooled rounds are of one shape."""
+    chosen: dict[tuple[int, int], int] = {}
+
+    def timer(candidates: Mapping[str, Any]) -> Timing:
+        pair = (id(candidates["current"]), id(candidates["candidate"]))
+        if pair in chosen:  # both are alive in decide()'s build cache: ids are stable
+            return time_at(backend, candidates, shapes[chosen[pair]])
+        worst: tuple[int, Timing] | None = None
+        for index, args in enumerate(shapes):
+            timing = time_at(backend, candidates, args)
+            ratio = timing.ratio("candidate", "current")
+            if worst is None or ratio < worst[1].ratio("candidate", "current"):
+                worst = (index, timing)
+            if index == 0 and (1.0 + timing.noise("candidate", "current")) / ratio < clear_win:
+                break
+        assert worst is not None
+        chosen[pair] = worst[0]
+        return worst[1]
+
+    return timer
 
 
 def choose(
@@ -81,112 +147,91 @@ def choose(
     args: CallArgs,
     planned: torch.nn.Module,
     build: Callable[[TuneConfig], torch.nn.Module],
-) -> torch.nn.Module:
-    """``planned`` (the model per ``tune_cfg``) or a version with ops moved to fp32 that
-    is faster on this machine (see the module doc)."""
-    quantized = [key for key, cfg in tune_cfg.ops.items() if cfg.quantized]
-    if not quantized:
-        return planned
+) -> tuple[Decision | None, torch.nn.Module]:
+    """The decision for ``planned`` (the model per ``tune_cfg``) and the model it leaves:
+    ``planned``, or a version with ops in fp32 that is faster on this machine. No decision
+    when nothing is quantized or torch.compile is off."""
+    ops = [key for key, cfg in tune_cfg.ops.items() if cfg.quantized]
+    if not ops:
+        return None, planned
     if not evaluate.compile_enabled():
         logger.warning("lpq-torch: latency-aware quantization needs torch.compile; skipped")
-        return planned
-    decisions = state.current().latency.setdefault(module, {})
-    key = _plan_key(tune_cfg, args)
-    if key in decisions:
-        names = decisions[key]
-        return build(without(tune_cfg, names)) if names else planned
-    names, chosen = _search(module, tune_cfg, args, planned, build, quantized)
-    decisions[key] = names
-    return chosen
+        return None, planned
+    every = frozenset(name for name, _ in ops)
 
+    def candidate(keep_float: frozenset[str]) -> torch.nn.Module:
+        """What is timed: the user's fp32 model stands for "every op in fp32"."""
+        return module if keep_float >= every else result(keep_float)
 
-def _search(
-    module: torch.nn.Module,
-    tune_cfg: TuneConfig,
-    args: CallArgs,
-    planned: torch.nn.Module,
-    build: Callable[[TuneConfig], torch.nn.Module],
-    quantized: list[tuple[str, str]],
-) -> tuple[frozenset[str], torch.nn.Module]:
-    """The ops to keep in fp32, and the model built that way."""
-    ratio = paired_ratio(planned, module, args)
-    if ratio < CLEAR_WIN:
-        return frozenset(), planned
-    shapes = [args] if _batch(args) <= 1 else [args, _first_sample(args)]
+    def result(keep_float: frozenset[str]) -> torch.nn.Module:
+        """What is returned: lpq's own graph (the user's model is never modified)."""
+        return build(without(tune_cfg, keep_float)) if keep_float else planned
 
-    def worse(a: torch.nn.Module, b: torch.nn.Module) -> float:
-        return max(paired_ratio(a, b, shape) for shape in shapes)
-
-    ratio = worse(planned, module)
-    if ratio < 1 - MARGIN:
-        return frozenset(), planned
-    logger.warning(
-        "lpq-torch: latency-aware: the int8 plan takes %.2fx the fp32 time (worse of batch "
-        "%d and 1); trying ops in fp32",
-        ratio,
-        _batch(args),
+    margin = float(tune_cfg.options.get("latency_margin", DEFAULT_MARGIN))
+    shapes = [args] if batch_size(args) <= 1 else [args, first_sample(args)]
+    backend = TorchBackend(ops, candidate, args)
+    ctx = latency_cache.context(
+        framework=FRAMEWORK,
+        framework_version=torch.__version__,
+        model_digest=model_digest(module),
+        plan=TuneConfig(
+            {key: tune_cfg.ops[key] for key in ops},
+            tune_cfg.calib_sampling_size,
+            {k: v for k, v in tune_cfg.options.items() if not k.startswith("latency_")},
+        ).to_json(),
+        shapes=[_shapes(s) for s in shapes],
+        threads=torch.get_num_threads(),
+        margin=margin,
     )
-    every = frozenset(name for name, _ in quantized)
-    by_type: dict[str, set[str]] = {}
-    for name, op_type in quantized:
-        by_type.setdefault(op_type, set()).add(name)
-    groups = [frozenset(n) for _, n in sorted(by_type.items(), key=lambda kv: -len(kv[1]))]
-    if len(every) <= MAX_SINGLE_OPS:
-        groups += [frozenset([name]) for name, _ in quantized]
-    current, names = planned, frozenset[str]()
-    for group in groups:
-        candidate_names = names | group
-        if candidate_names in (names, every):
-            continue  # nothing new, or all fp32 (decided last)
-        candidate = build(without(tune_cfg, candidate_names))
-        if worse(candidate, current) < 1 - MARGIN:
-            current, names = candidate, candidate_names
-    final = worse(current, module)
-    if final >= 1.0:
-        names = every
-        current = build(without(tune_cfg, names))
-    logger.warning(
-        "lpq-torch: latency-aware: %s kept in fp32 (%.2fx the fp32 time before that)",
-        ", ".join(sorted(names)) if names != every else "every op",
-        final,
+    decision = latency_cache.cached_decide(
+        lambda: decide(backend, timer=worse_timer(backend, shapes), margin=margin, log=logger.info),
+        latency_cache.folder(FRAMEWORK, tune_cfg.options),
+        ctx,
     )
-    return names, current
+    announce(decision, FRAMEWORK, logger)
+    return decision, result(frozenset(decision.keep_float))
 
 
-def _batch(args: CallArgs) -> int:
+def model_digest(module: torch.nn.Module) -> str:
+    """The fp32 model's class, structure and weights, hashed; remembered in the run state
+    while no weight is replaced or changed in place."""
+    tensors = [*module.state_dict(keep_vars=True).items()]
+    version = tuple((name, t.data_ptr(), t._version) for name, t in tensors)
+    digests = state.current().digests
+    found = digests.get(module)
+    if found is not None and found[0] == version:
+        return found[1]
+    weights = {
+        name: [str(t.dtype), list(t.shape), _bytes(t)]
+        for name, t in tensors
+        if isinstance(t, torch.Tensor)
+    }
+    kind = f"{type(module).__module__}.{type(module).__qualname__}"
+    digest = content_key(kind, repr(module), weights)
+    with contextlib.suppress(TypeError):  # a module that refuses weak references
+        digests[module] = (version, digest)
+    return digest
+
+
+def _bytes(tensor: torch.Tensor) -> Any:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    try:
+        return flat.view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):  # a dtype with no byte view (quantized tensors)
+        return flat.dequantize().float().numpy() if flat.is_quantized else repr(flat.tolist())
+
+
+def _shapes(args: CallArgs) -> list[Any]:
+    return [list(v.shape) for v in [*args[0], *args[1].values()] if hasattr(v, "shape")]
+
+
+def batch_size(args: CallArgs) -> int:
     tensors = [v for v in [*args[0], *args[1].values()] if isinstance(v, torch.Tensor)]
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else 1
 
 
-def _first_sample(args: CallArgs) -> CallArgs:
+def first_sample(args: CallArgs) -> CallArgs:
     def one(value: Any) -> Any:
         return value[:1] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
 
     return tuple(one(v) for v in args[0]), {k: one(v) for k, v in args[1].items()}
-
-
-def paired_ratio(a: torch.nn.Module, b: torch.nn.Module, args: CallArgs) -> float:
-    """Median over rounds of time(a) / time(b), the two run alternately (compiled)."""
-    fa, fb = evaluate.forward_for(a), evaluate.forward_for(b)
-    ratios: list[float] = []
-    with torch.inference_mode():
-        for _ in range(2):  # compile, then warm up
-            fa(args)
-            fb(args)
-    # With parallel tuning workers: time with the machine to ourselves.
-    with torch.inference_mode(), lpq.exclusive_timing():
-        start = time.perf_counter()
-        while len(ratios) < MAX_ROUNDS and (
-            len(ratios) < MIN_ROUNDS or time.perf_counter() - start < MIN_SECONDS
-        ):
-            first, second = (fa, fb) if len(ratios) % 2 == 0 else (fb, fa)
-            times = [_timed(first, args), _timed(second, args)]
-            ta, tb = times if first is fa else times[::-1]
-            ratios.append(ta / max(tb, 1e-9))
-    return statistics.median(ratios)
-
-
-def _timed(fn: Callable[[CallArgs], Any], args: CallArgs) -> float:
-    began = time.perf_counter()
-    fn(args)
-    return time.perf_counter() - began

@@ -11,7 +11,9 @@
 
 With the ``latency_aware`` option (the capability's recipe: on for ``lpq.quantize``,
 searched by ``lpq.fit``) ops that int8 makes slower on this machine stay in fp32, by
-measurement (:mod:`lpq_torch.latency`); QAT results are kept as trained.
+measurement (core's search, :mod:`lpq_torch.latency` its backend); the result then
+carries the decision (``_lpq_latency``) and a tune_cfg with those ops as fp32 fallbacks.
+QAT results are kept as trained.
 
 The result carries its example inputs and tune_cfg (:mod:`lpq_torch.info`), so later jobs
 (save, evaluation, inspection) work on it without data.
@@ -59,13 +61,20 @@ def quantize(
     else:
         result = static.quantize(module, tune_cfg, calib_dataloader, train_func, args)
         if not qat and latency.wanted(tune_cfg):
-            result = latency.choose(
+            decision, result = latency.choose(
                 module,
                 tune_cfg,
                 args,
                 result,
                 lambda cfg: static.quantize(module, cfg, calib_dataloader, None, args),
             )
+            if decision is not None:
+                setattr(result, latency.LATENCY_ATTR, decision.to_json())
+                if decision.keep_float:
+                    # What the model now runs: quantizing with it again gives the same model.
+                    tune_cfg = latency.without(
+                        tune_cfg, frozenset(decision.keep_float)
+                    ).with_options({"latency_aware": False})
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     return result

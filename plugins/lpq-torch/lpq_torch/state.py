@@ -39,7 +39,7 @@ class Exported:
 
 @dataclass
 class RunState:
-    """Per-run memory: example inputs, exported graphs, compiled forwards."""
+    """Per-run memory: example inputs, exported graphs, compiled forwards, weights digests."""
 
     examples: weakref.WeakKeyDictionary[torch.nn.Module, CallArgs] = field(
         default_factory=weakref.WeakKeyDictionary
@@ -50,8 +50,9 @@ class RunState:
     compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
-    #: Latency-aware decisions (:mod:`lpq_torch.latency`): plan key -> ops kept in fp32.
-    latency: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, frozenset[str]]] = field(
+    #: Weights digests for latency-aware decisions (:mod:`lpq_torch.latency`, whose
+    #: decisions core's :mod:`lpq.latency.cache` keeps): weights' identity -> digest.
+    digests: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, str]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
 

@@ -1,12 +1,16 @@
-"""Latency-aware quantization: which ops go back to fp32, decided by measured speed.
+"""Latency-aware quantization: core's search (:func:`lpq.latency.decide`) over lpq-torch's
+backend, which ops go back to fp32.
 
-The search runs real quantization; the timing is replaced by a cost model read from each
-candidate's converted graph (which ops really run int8), so the outcome does not depend on
-this machine's load. The real timing path is exercised by the VAD benchmark.
+The search runs real quantization; the timing at each shape (``latency.time_at``) is
+replaced by a cost model read from each candidate's converted graph (which ops really run
+int8), so the outcome does not depend on this machine's load. The real timing path is
+exercised by the benchmark (bench/bench_latency_aware.py --framework torch).
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ import torch
 from torch import nn
 
 import lpq
+from lpq.latency import Decision, Timing
 
 
 class ThreeLinears(nn.Module):
@@ -29,8 +34,8 @@ class ThreeLinears(nn.Module):
 
 @pytest.fixture(scope="module")
 def run_state() -> Any:
-    """One run state for the module (the model is exported once); decisions are cleared
-    per test."""
+    """One run state for the module (the model is exported once); each test has its own
+    decision cache folder."""
     from lpq_torch import state
 
     torch.manual_seed(0)
@@ -41,58 +46,112 @@ def run_state() -> Any:
 
 
 @pytest.fixture
-def setup(monkeypatch: pytest.MonkeyPatch, run_state: Any) -> Any:
+def setup(monkeypatch: pytest.MonkeyPatch, run_state: Any, tmp_path: Any) -> Any:
     from lpq_torch import latency, precision
 
-    st, model, data = run_state
-    st.latency.clear()
-    calls: list[int] = []
+    _, model, data = run_state
+    calls: list[int] = []  # the batch size of every timing
 
-    def with_costs(int8_cost: dict[str, float]) -> None:
-        def cost(m: torch.nn.Module) -> float:
+    def with_costs(int8_cost: dict[str, float], at_batch_1: dict[str, float] | None = None) -> None:
+        """Each op costs 1.0 in fp32 and ``int8_cost`` in int8 (``at_batch_1`` when timed
+        at batch 1), plus 1.0 for the rest of the model."""
+
+        def cost(m: torch.nn.Module, costs: dict[str, float]) -> float:
             ops = precision.quantized_ops(m)
-            return 1.0 + sum(int8_cost[op] if p == "int8" else 1.0 for op, p in ops.items())
+            return 1.0 + sum(costs[op] if ops.get(op) == "int8" else 1.0 for op in costs)
 
-        def fake_ratio(a: torch.nn.Module, b: torch.nn.Module, args: Any) -> float:
-            calls.append(1)
-            return cost(a) / cost(b)
+        def fake_time_at(backend: Any, candidates: Mapping[str, Any], args: Any) -> Timing:
+            batch = latency.batch_size(args)
+            calls.append(batch)
+            costs = at_batch_1 if batch == 1 and at_batch_1 is not None else int8_cost
+            return Timing({k: [cost(m, costs) / 1e3] * 15 for k, m in candidates.items()})
 
-        monkeypatch.setattr(latency, "paired_ratio", fake_ratio)
+        monkeypatch.setattr(latency, "time_at", fake_time_at)
 
-    def quantize() -> dict[str, str]:
+    def quantize() -> torch.nn.Module:
         pm = lpq.get_plugin_manager()
         cap = pm.query_capability("torch", model, data)
         ops = {k: cap.default_op_config(k) for k in cap.opwise}
-        cfg = lpq.TuneConfig(ops, 16, {"latency_aware": True})
-        return pm.quantized_ops("torch", pm.quantize("torch", model, cfg, data))
+        options = {"latency_aware": True, "latency_cache_dir": str(tmp_path)}
+        return pm.quantize("torch", model, lpq.TuneConfig(ops, 16, options), data)
 
-    return with_costs, quantize, calls
+    def precisions(qmodel: torch.nn.Module) -> dict[str, str]:
+        found: dict[str, str] = lpq.get_plugin_manager().quantized_ops("torch", qmodel)
+        return found
+
+    return with_costs, quantize, precisions, calls
 
 
 def test_a_clearly_faster_plan_is_kept_as_planned(setup: Any) -> None:
-    with_costs, quantize, calls = setup
-    with_costs({"a": 0.3, "b": 0.3, "c": 0.3})
-    assert quantize() == {"a": "int8", "b": "int8", "c": "int8"}
-    assert len(calls) == 1  # plan vs fp32 only
+    with_costs, quantize, precisions, calls = setup
+    with_costs({"a": 0.3, "b": 0.3, "c": 0.3}, at_batch_1={"a": 1.3, "b": 1.3, "c": 1.3})
+    qmodel = quantize()
+    assert precisions(qmodel) == {"a": "int8", "b": "int8", "c": "int8"}
+    assert calls == [8], "plan vs fp32 at the calibration batch only: a clear win there"
+    decision = Decision.from_json(qmodel._lpq_latency)
+    assert decision.keep_float == [] and len(decision.steps) == 1
 
 
 def test_the_op_that_int8_makes_slower_goes_back_to_fp32(setup: Any) -> None:
-    with_costs, quantize, calls = setup
-    with_costs({"a": 0.5, "b": 2.2, "c": 0.5})  # the plan: 1.05x the fp32 time
-    assert quantize() == {"a": "int8", "b": "fp32", "c": "int8"}
+    with_costs, quantize, precisions, calls = setup
+    # the plan: 0.85x the fp32 time; b alone is slower in int8, its half [a, b] is not
+    with_costs({"a": 0.3, "b": 1.6, "c": 0.5})
+    qmodel = quantize()
+    assert precisions(qmodel) == {"a": "int8", "b": "fp32", "c": "int8"}
+    assert qmodel._lpq_latency["keep_float"] == ["b"]
+    saved = lpq.TuneConfig.from_json(qmodel._lpq_tune_cfg)
+    assert {name: cfg.quantized for (name, _), cfg in saved.ops.items()} == {
+        "a": True,
+        "b": False,
+        "c": True,
+    }
+    assert saved.options["latency_aware"] is False
     searched = len(calls)
-    assert quantize() == {"a": "int8", "b": "fp32", "c": "int8"}
+    assert precisions(quantize()) == {"a": "int8", "b": "fp32", "c": "int8"}
     assert len(calls) == searched, "the decision is kept for the same plan and shapes"
 
 
+def test_segments_move_a_neighbour_along_when_their_half_wins(setup: Any) -> None:
+    """Core's segment rounds replace the old single-op step: [a, b] back in fp32 wins,
+    so a goes with b (c, the other half, stays int8)."""
+    with_costs, quantize, precisions, _ = setup
+    with_costs({"a": 0.5, "b": 2.2, "c": 0.5})  # the plan: 1.05x the fp32 time
+    assert precisions(quantize()) == {"a": "fp32", "b": "fp32", "c": "int8"}
+
+
 def test_never_slower_than_fp32(setup: Any) -> None:
-    with_costs, quantize, _ = setup
+    with_costs, quantize, precisions, _ = setup
     with_costs({"a": 1.2, "b": 1.2, "c": 1.2})  # int8 slower everywhere
-    assert quantize() == {"a": "fp32", "b": "fp32", "c": "fp32"}
+    with pytest.warns(lpq.LpqWarning, match="every op was kept in float"):
+        qmodel = quantize()
+    assert precisions(qmodel) == {"a": "fp32", "b": "fp32", "c": "fp32"}
+    assert qmodel._lpq_latency["slower_than_float"] is True
+
+
+def test_the_worse_of_the_calibration_batch_and_batch_1_decides(setup: Any) -> None:
+    with_costs, quantize, precisions, calls = setup
+    # a little faster at batch 8 (not a clear win), slower at batch 1
+    with_costs({"a": 0.9, "b": 0.9, "c": 0.9}, at_batch_1={"a": 1.3, "b": 1.3, "c": 1.3})
+    with pytest.warns(lpq.LpqWarning):
+        qmodel = quantize()
+    assert precisions(qmodel) == {"a": "fp32", "b": "fp32", "c": "fp32"}
+    assert set(calls) == {8, 1}
+
+
+def test_the_model_digest_follows_the_weights(run_state: Any) -> None:
+    from lpq_torch import latency
+
+    _, model, _ = run_state
+    twin = copy.deepcopy(model)
+    assert latency.model_digest(twin) == latency.model_digest(model)
+    with torch.no_grad():
+        twin.a.weight[0, 0] += 1.0
+    assert latency.model_digest(twin) != latency.model_digest(model)
 
 
 def test_latency_aware_must_be_a_boolean(setup: Any) -> None:
     from lpq_torch import latency
 
+    assert latency.wanted(lpq.TuneConfig({}, 16, {"latency_aware": "on"}))
     with pytest.raises(lpq.ConfigError):
-        latency.wanted(lpq.TuneConfig({}, 16, {"latency_aware": "yes"}))
+        latency.wanted(lpq.TuneConfig({}, 16, {"latency_aware": "sometimes"}))
