@@ -80,6 +80,8 @@ def extras_python(cache: Path = CACHE) -> str:
     """Python of the overlay venv that holds onnxruntime-genai and NNCF (created once)."""
     venv = cache / "extras-venv"
     python = venv / "bin" / "python"
+    if Path(sys.prefix).resolve() == venv.resolve():  # a build child already runs in it
+        return sys.executable
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     found = subprocess.run(
