@@ -118,6 +118,27 @@ def test_a_plan_slower_than_float_everywhere_is_flagged() -> None:
     assert decision.speedup == 1.0
 
 
+def test_float_unless_faster_keeps_no_plan_measured_slower_within_the_noise() -> None:
+    # a loaded machine: the plan is 10% slower than fp32, the noise wider than that
+    seen_kept_slower = False
+    for seed in range(5):
+        backend = convs_and_adds(add_int8=0.5)
+        backend.int8.update(c1=1.0, c2=1.0, c3=1.0)
+        loose = decide(backend, timer=fake_timer(backend, jitter=0.3, seed=seed))
+        strict = decide(
+            backend, timer=fake_timer(backend, jitter=0.3, seed=seed), float_unless_faster=True
+        )
+        assert loose.speedup is not None and loose.noise > 0.1
+        slower = not loose.slower_than_float and loose.speedup <= 1.0
+        seen_kept_slower |= slower
+        if slower or loose.slower_than_float:
+            assert strict.slower_than_float and strict.keep_float == loose.ops
+            assert strict.speedup == 1.0
+        else:
+            assert strict.keep_float == loose.keep_float
+    assert seen_kept_slower, "the default rule keeps a plan measured slower (within noise)"
+
+
 def test_segments_find_a_slow_stretch_of_one_op_type() -> None:
     # c1..c4 are slower in int8 (say, high-resolution 1x1 convs), c5..c7 faster; int8
     # Conv as a type still wins, so the op-type step keeps it: the segment rounds find

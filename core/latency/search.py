@@ -15,7 +15,9 @@ builds a candidate with chosen ops in float and runs it once:
    quarters), back in float; kept when the model gets faster;
 4. never slower than fp32: when the float model beats the result by more than the
    measured noise, every op goes back to float and the decision says
-   ``slower_than_float``.
+   ``slower_than_float``. With ``float_unless_faster`` it must be measured faster than
+   fp32 (its paired ratio alone, whatever the noise) to be kept: the conservative rule on
+   a loaded machine, where a wide noise would otherwise keep a result measured slower.
 
 A change towards float is kept only when it wins by ``margin`` plus the noise of that
 very measurement (:mod:`lpq.latency.timing`); a comparison that lands within the noise of
@@ -184,6 +186,7 @@ def decide(
     clear_win: float = CLEAR_WIN,
     blame_rounds: int = BLAME_ROUNDS,
     log: Callable[[str], None] | None = None,
+    float_unless_faster: bool = False,
 ) -> Decision:
     """Measure and decide which of ``backend.ops()`` stay in float (see the module doc)."""
     ops = list(backend.ops())
@@ -254,12 +257,14 @@ def decide(
             final = compare(keep, every, "result -> every op float", 0.0)
             decision.fp32_ms = final.after_ms
     decision.noise = final.noise
-    if final.kept:  # fp32 beats the best quantized plan by more than the noise
+    # fp32 beats the best quantized plan by more than the noise (or at all, when asked)
+    to_float = final.kept or (float_unless_faster and final.ratio <= 1.0)
+    if to_float:
         decision.slower_than_float = True
         decision.best_quantized_ms = final.before_ms
         keep = every
-    decision.chosen_ms = final.after_ms if final.kept else final.before_ms
-    decision.speedup = 1.0 if final.kept else round(final.ratio, 4)
+    decision.chosen_ms = final.after_ms if to_float else final.before_ms
+    decision.speedup = 1.0 if to_float else round(final.ratio, 4)
     decision.planned_speedup = round(first.ratio, 4)
     decision.keep_float = [name for name in names if name in keep]
     return decision

@@ -19,7 +19,9 @@ quantized candidate fares worse decides; batch 1 is skipped when the calibration
 already shows that candidate clearly faster (under ``CLEAR_WIN`` of the other's time,
 noise included), so a clearly winning plan costs one fp32 and one int8 compile, both
 reused by the evaluation. Timing holds :func:`lpq.exclusive_timing` (parallel tuning
-workers wait); compiling happens before it.
+workers wait); compiling happens before it. The result must be measured faster than fp32
+at that worse shape, or every op goes back to fp32 (``float_unless_faster``: a wide noise
+on a loaded machine does not keep a result measured slower).
 
 Decisions are cached (:mod:`lpq.latency.cache`) per model weights, plan, shapes, machine,
 threads and torch version; the returned model carries the decision's JSON in
@@ -184,7 +186,13 @@ def choose(
         margin=margin,
     )
     decision = latency_cache.cached_decide(
-        lambda: decide(backend, timer=worse_timer(backend, shapes), margin=margin, log=logger.info),
+        lambda: decide(
+            backend,
+            timer=worse_timer(backend, shapes),
+            margin=margin,
+            log=logger.info,
+            float_unless_faster=True,  # lpq-torch's rule: fp32 unless measured faster
+        ),
         latency_cache.folder(FRAMEWORK, tune_cfg.options),
         ctx,
     )

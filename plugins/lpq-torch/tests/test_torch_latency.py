@@ -128,6 +128,14 @@ def test_never_slower_than_fp32(setup: Any) -> None:
     assert qmodel._lpq_latency["slower_than_float"] is True
 
 
+def test_a_plan_measured_slower_within_the_noise_goes_back_to_fp32(setup: Any) -> None:
+    with_costs, quantize, precisions, _ = setup
+    with_costs({"a": 1.0067, "b": 1.0067, "c": 1.0067})  # 0.5% slower: within the noise
+    with pytest.warns(lpq.LpqWarning):
+        qmodel = quantize()
+    assert precisions(qmodel) == {"a": "fp32", "b": "fp32", "c": "fp32"}
+
+
 def test_the_worse_of_the_calibration_batch_and_batch_1_decides(setup: Any) -> None:
     with_costs, quantize, precisions, calls = setup
     # a little faster at batch 8 (not a clear win), slower at batch 1
