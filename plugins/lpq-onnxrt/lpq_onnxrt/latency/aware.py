@@ -88,6 +88,12 @@ def latency_decision(
         return cached
     ops = [(name, op_type) for (name, op_type) in tune_cfg.ops if name in static_ops]
     formats = ("qdq", "qoperator") if fmt == "auto" else (fmt,)
+    log.info(
+        "latency-aware: measuring which of %d ops int8 makes faster here (%s; input %s)",
+        len(ops),
+        " and ".join(formats),
+        ", ".join(f"{k} {list(v.shape)}" for k, v in sorted(feed.items())),
+    )
     timer = timing.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
     # The fp32 side of every comparison, shaped as the candidates are (inner shapes dropped).
     fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))

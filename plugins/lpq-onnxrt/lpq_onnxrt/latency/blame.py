@@ -30,11 +30,14 @@ def profile_blame(
     cost is the time of its nodes in the fp32 model (matched by name or output tensor).
     """
     options = measuring_options(options)
-    fp32_times = _node_times(fp32_model, options, feed)
+    fp32_profile: list[dict[str, _Timed]] = []  # profiled on the first call only
     by_output = {out: node.name for node in fp32_model.graph.node for out in node.output}
 
     def blame(model: onnx.ModelProto, fp32_ops: frozenset[str]) -> list[str]:
         quantized = [name for name in ops if name not in fp32_ops]
+        if not fp32_profile:
+            fp32_profile.append(_node_times(fp32_model, options, feed))
+        fp32_times = fp32_profile[0]
         int8_times = _node_times(model, options, feed)
         int8_cost = _attribute(int8_times, quantized, by_output, with_qdq=True)
         fp32_cost = _attribute(fp32_times, quantized, by_output, with_qdq=False)
