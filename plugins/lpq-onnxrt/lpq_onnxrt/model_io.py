@@ -345,3 +345,73 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+# ------------------------------------------------------------- already-quantized input
+
+#: Nodes that only a quantized model has: QDQ pairs, QOperator kernels, dynamic int8
+#: (DynamicQuantizeLinear feeding MatMulInteger / ConvInteger) and weight-only int4.
+QUANTIZED_OP_TYPES = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "MatMulNBits",
+        "DynamicQuantizeMatMul",
+        "DynamicQuantizeLSTM",
+        "QAttention",
+        "QGemm",
+        "QOrderedMatMul",
+        "MatMulIntegerToFloat",
+        "GatherBlockQuantized",
+    }
+)
+#: Float glue ORT's dynamic quantizer writes after an integer kernel (the int32 result
+#: cast to float, times the input and weight scales, plus the bias).
+_GLUE = frozenset({"Cast", "Mul", "Add", "Reshape"})
+
+
+def is_quantized_node(node: onnx.NodeProto) -> bool:
+    return node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith("QLinear")
+
+
+def quantized_nodes(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each quantized op type ``model`` has (empty: a float model)."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if is_quantized_node(node):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def describe_quantized(counts: dict[str, int]) -> str:
+    """``"12 DequantizeLinear, 4 QLinearConv, ..."`` (at most 5 types)."""
+    shown = ", ".join(f"{n} {op_type}" for op_type, n in list(counts.items())[:5])
+    return shown + (", ..." if len(counts) > 5 else "")
+
+
+def quantized_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors an already-quantized part of ``model`` reads or writes: every input and
+    output of its quantized nodes, and what the float glue after a dynamic int8 kernel
+    computes from them (Cast / Mul / Add / Reshape of those tensors and constants). A
+    float op touching one of these cannot be quantized again: ORT's quantizers name the
+    new nodes and tensors after it, and the existing ones have those names."""
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    touched: set[str] = set()
+    for node in model.graph.node:
+        if is_quantized_node(node):
+            touched.update(name for name in (*node.input, *node.output) if name)
+    grown = True
+    while grown:  # the glue after integer kernels, in topological order or not
+        grown = False
+        for node in model.graph.node:
+            if node.op_type not in _GLUE or all(out in touched for out in node.output):
+                continue
+            live = [name for name in node.input if name and name not in constants]
+            if live and all(name in touched for name in live):
+                touched.update(node.output)
+                grown = True
+    return touched

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lpq import DataError, OpConfig, TuneConfig
+from lpq import DataError, ModelError, OpConfig, TuneConfig
 
 from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     import onnx
 
     from ..calibration import CalibrationStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -138,6 +141,10 @@ def quantize_static(
             "static quantization needs calibration data, but none was given",
             hint="pass calibration data, or use dynamic / weight-only quantization",
         )
+    already = model_io.quantized_nodes(prepared.model)
+    if already:  # said before calibration and latency measurement start
+        static_ops, tune_cfg = _float_part(prepared, tune_cfg, static_ops, already)
+    log.info("calibrating %d op(s) on %s", len(static_ops), _samples(tune_cfg))
     candidates = _Candidates(prepared, tune_cfg, calib_dataloader, static_ops)
     result = StaticResult(prepared.model, prepared.model, tune_cfg)
     plan = dict(static_ops)
@@ -154,7 +161,79 @@ def quantize_static(
     if resolving:
         plan = _resolve_ranges(candidates, plan, resolving, fmt, fp32_ops, result)
     _apply(candidates, plan, fmt, result)
+    if already:
+        _check_built(result.model, prepared.source, already)
     return result
+
+
+def _samples(tune_cfg: TuneConfig) -> str:
+    size = tune_cfg.calib_sampling_size
+    return f"up to {size} samples" if size else "the calibration data"
+
+
+def _float_part(
+    prepared: model_io.PreparedModel,
+    tune_cfg: TuneConfig,
+    static_ops: Mapping[str, OpConfig],
+    already: dict[str, int],
+) -> tuple[dict[str, OpConfig], TuneConfig]:
+    """An input that is already quantized: its float ops away from the quantized part
+    (those ORT's quantizer can add Q/DQ nodes to without clashing with the existing
+    ones), with the others fp32 in the returned tune_cfg; a ModelError when none is left.
+
+    ORT's quantizers name the nodes and tensors they add after the tensors they quantize
+    (``<tensor>_QuantizeLinear``, ``<tensor>_quantized``); quantizing a tensor the model
+    already quantizes builds a graph with two nodes of one name, which ORT refuses to
+    load ("two nodes with same node name (140_QuantizeLinear)")."""
+    what = f"{prepared.source} is already quantized ({model_io.describe_quantized(already)})"
+    touched = model_io.quantized_tensors(prepared.model)
+    nodes = {node.name: node for node in prepared.model.graph.node}
+    blocked = {
+        name
+        for name in static_ops
+        if name not in nodes or touched & {*nodes[name].input, *nodes[name].output}
+    }
+    if len(blocked) == len(static_ops):
+        raise ModelError(
+            f"{what}: every op left to quantize reads or writes a tensor its quantized part "
+            "already quantizes, and ONNX Runtime's quantizer cannot quantize a tensor twice "
+            "(it would build an invalid graph); nothing to do",
+            hint="quantize the float model it was made from (lpq quantizes float models), "
+            "or use this one as it is",
+        )
+    if blocked:
+        log.warning(
+            "%s: quantizing only its %d float op(s) away from the quantized part; %d op(s) "
+            "next to it stay as they are (%s)",
+            what,
+            len(static_ops) - len(blocked),
+            len(blocked),
+            ", ".join(sorted(blocked)[:5]) + (", ..." if len(blocked) > 5 else ""),
+        )
+    else:
+        log.warning("%s: quantizing its %d float op(s) beside it", what, len(static_ops))
+    kept = {name: cfg for name, cfg in static_ops.items() if name not in blocked}
+    fallen = {key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in blocked}
+    return kept, tune_cfg.with_ops(fallen)
+
+
+def _check_built(model: onnx.ModelProto, source: str, already: dict[str, int]) -> None:
+    """The model built from an already-quantized input is a valid graph: every node name
+    once, every tensor written once (else a ModelError saying why, not ORT's load error
+    later)."""
+    names: set[str] = set()
+    written: set[str] = set()
+    for node in model.graph.node:
+        clash = [out for out in node.output if out and out in written]
+        if (node.name and node.name in names) or clash:
+            raise ModelError(
+                f"{source} is already quantized ({model_io.describe_quantized(already)}), and "
+                f"quantizing its float ops beside that clashed with it (node {node.name!r}): "
+                "nothing written",
+                hint="quantize the float model it was made from",
+            )
+        names.add(node.name)
+        written.update(node.output)
 
 
 def _decide_latency(
