@@ -119,3 +119,29 @@ def test_op_type_variants_are_shared_by_all_ops_of_the_type(capability):
 def test_invalid_config_values_are_config_errors(kwargs):
     with pytest.raises(lpq.ConfigError):
         PostTrainingQuantConfig(**kwargs)
+
+
+WEIGHT_ONLY_YAML = CAPABILITY_YAML.replace(
+    "  precisions: [int8, uint8, fp32, bf16]",
+    "  recipes:\n    bias_correction: [false, true]\n  precisions: [int8, int4, uint8, fp32, bf16]",
+).replace(
+    "    int8: [Conv, MatMul]\n",
+    "    int8: [Conv, MatMul]\n    int4: [MatMul]\n",
+) + """    int4:
+      weight_only:
+        MatMul:
+          weight: {dtype: [int4], scheme: [sym], granularity: [per_channel]}
+"""
+
+
+def test_recipes_are_searched_only_where_integer_kernel_ops_are(tmp_path):
+    """Recipes (bias correction, latency-aware int8, ...) act on static / dynamic ops: a
+    weight-only space offers none, so no trial is spent on one that changes nothing."""
+    file = tmp_path / "cap.yaml"
+    file.write_text(WEIGHT_ONLY_YAML)
+    capability = lpq.load_capability(file, "fake", None).build(OPS, None)
+    assert space_for(capability).recipes == {"bias_correction": (False, True)}
+    weight_only = space_for(capability, has_calib_data=False, approach="weight_only")
+    assert {c.mode for c in weight_only.default().ops.values() if c.quantized} == {"weight_only"}
+    assert weight_only.recipes == {}
+    assert "bias_correction" not in weight_only.default().options

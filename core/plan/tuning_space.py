@@ -207,7 +207,17 @@ def build_tuning_space(
     if config.latency_aware is not None:
         options["latency_aware"] = config.latency_aware
     recipes = {}
-    for name, values in capability.recipes.items():
+    # Recipes act on integer-kernel (static / dynamic) ops: latency-aware int8, SmoothQuant,
+    # bias correction, ... A space with none of those (weight-only LLM quantization) would
+    # spend trials on recipes that change nothing.
+    integer_ops = any(
+        cfg.mode in ("static", "dynamic")
+        for configs in [*choices.values(), *([c] for c in forced.values())]
+        for cfg in configs
+        if cfg.quantized
+    )
+    applicable = capability.recipes if integer_ops else {}
+    for name, values in applicable.items():
         if name not in options:  # a value the user or a backend profile set is fixed
             options[name] = values[0]
             recipes[name] = values
