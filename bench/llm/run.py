@@ -45,7 +45,7 @@ def registry() -> tuple[dict[str, Any], dict[str, bool], list[str]]:
     for module in LPQ_MODULES:
         try:
             found = importlib.import_module(module)
-        except Exception as exc:
+        except Exception as exc:  # some quantized modules do not pickle
             notes.append(f"{module}: not loaded ({type(exc).__name__}: {exc})")
             continue
         if not hasattr(found, "variants"):
@@ -69,8 +69,12 @@ def child_build(name: str, cache: Path, out_dir: Path) -> None:
         import torch
 
         path = out_dir / "model.pt"
-        torch.save(made, path)
-        record = {"kind": "torch", "path": str(path)}
+        try:
+            torch.save(made, path)
+            record = {"kind": "torch", "path": str(path)}
+        except Exception as exc:  # some quantized modules do not pickle
+            path.unlink(missing_ok=True)  # the driver rebuilds it in-process instead
+            record = {"kind": "torch-rebuild", "path": str(out_dir), "why": str(exc)[:200]}
     (out_dir / "built.json").write_text(json.dumps(record))
 
 
@@ -128,11 +132,16 @@ def build_all(
     return rows
 
 
-def load(row: dict[str, Any], kv: tuple[int, int]) -> Any:
+def load(name: str, row: dict[str, Any], kv: tuple[int, int], cache: Path) -> Any:
     if row["kind"] == "onnx":
         return measure.OnnxDecoder(Path(row["path"]), *kv)
     import torch
 
+    if row["kind"] == "torch-rebuild":  # did not pickle: build again here (cost from child)
+        builds, _, _ = registry()
+        ctx = llm_model.BuildContext(cache, Path(row["path"]), np.load(cache / "calib.npy"), *kv)
+        row["kind"] = "torch"
+        return measure.TorchDecoder(builds[name](ctx))
     return measure.TorchDecoder(torch.load(row["path"], weights_only=False))
 
 
@@ -243,9 +252,9 @@ def main() -> None:
         if "error" in row:
             continue
         try:
-            models[name] = load(row, kv)
+            models[name] = load(name, row, kv, args.cache)
             acc = measure.accuracy(models[name], windows, reference)
-        except Exception as exc:
+        except Exception as exc:  # some quantized modules do not pickle
             row["error"] = f"measure failed: {type(exc).__name__}: {str(exc)[:300]}"
             models.pop(name, None)
             print(f"[accuracy] {name}: {row['error']}", flush=True)
