@@ -35,7 +35,7 @@ from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
 from .plan.capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
 from .plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
-from .plugins.adaptor_hooks import AdaptorHooks
+from .plugins.adaptor_hooks import AdaptorHooks, lazy_job
 from .plugins.discovery import installed_version
 from .plugins.manager import PluginManager, get_plugin_manager
 from .plugins.types import AdaptorInfo, BackendProfile, Example, QuantizeResult
@@ -197,6 +197,7 @@ __all__ = [
     "hookimpl",
     "improves",
     "installed_version",
+    "lazy_job",
     "load_capability",
     "load_npz",
     "one",

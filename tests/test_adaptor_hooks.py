@@ -75,3 +75,22 @@ def test_undefined_jobs_stay_unimplemented(manager: PluginManager):
     assert manager.implements("lpq_quantized_ops")
     with pytest.raises(lpq.NoAdaptorError, match="does not implement lpq_evaluate"):
         manager.evaluate("alpha", "m", [], [])
+
+
+def test_a_lazy_job_imports_its_function_on_first_call(manager: PluginManager, monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("lpq_lazy_job_target")
+    module.quantized_ops = lambda model: {"lazy": model}  # type: ignore[attr-defined]
+
+    class Lazy(lpq.AdaptorHooks):
+        framework = "lazyfw"
+        quantized_ops = lpq.lazy_job("lpq_lazy_job_target:quantized_ops")
+
+    hooks = Lazy()
+    monkeypatch.setitem(sys.modules, "lpq_lazy_job_target", module)
+    assert hooks.lpq_quantized_ops("lazyfw", "m") == {"lazy": "m"}
+    assert hooks.lpq_quantized_ops("other", "m") is None
+    with pytest.raises(ValueError, match="package.module:function"):
+        lpq.lazy_job("no_colon")

@@ -14,6 +14,7 @@ authors, not a second contract.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -40,6 +41,30 @@ JOB_HOOKS: dict[str, str] = {
     "save": "lpq_save_model",
     "load": "lpq_load_model",
 }
+
+
+def lazy_job(target: str) -> Callable[..., Any]:
+    """A job method that imports ``"package.module:function"`` on its first call and passes
+    its arguments on, so an adaptor's ``plugin.py`` stays a table and importing it imports
+    no framework::
+
+        class OnnxrtPlugin(lpq.AdaptorHooks):
+            framework = "onnxrt"
+            evaluate = lpq.lazy_job("lpq_onnxrt.evaluate:evaluate")
+
+    The function takes the job's parameters in the hook's order (the hook's minus
+    ``framework``).
+    """
+    module_name, _, function_name = target.partition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"lazy_job wants 'package.module:function', not {target!r}")
+
+    def job(self: Any, *args: Any) -> Any:
+        return getattr(importlib.import_module(module_name), function_name)(*args)
+
+    job.__doc__ = f"Runs {target} (imported on first use)."
+    job.__qualname__ = job.__name__ = function_name
+    return job
 
 
 class AdaptorHooks:

@@ -10,19 +10,13 @@ frameworks' calls with ``None``. Nothing in the package imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import lpq
 from lpq import (
     AdaptorInfo,
-    EvalResult,
-    FrameworkCapability,
-    Inspection,
-    LatencyMeasurer,
-    Metric,
-    TuneConfig,
+    lazy_job,
 )
 
 from . import info
@@ -53,73 +47,15 @@ class MxnetPlugin(lpq.AdaptorHooks):
     def detect(self, model: Any) -> bool:
         return info.detect(model)
 
-    def query_capability(
-        self, model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
-    ) -> FrameworkCapability:
-        from .capability import query_capability
-
-        return query_capability(model, dataloader, options)
-
-    def fused_patterns(self, model: Any) -> list[tuple[str, ...]]:
-        from .capability import fused_patterns
-
-        return fused_patterns(model)
-
-    def quantize(
-        self,
-        model: Any,
-        tune_cfg: TuneConfig,
-        calib_dataloader: Iterable[Any] | None,
-        train_func: Callable[[Any], Any] | None,
-    ) -> Any:
-        from .quantize import quantize
-
-        return quantize(model, tune_cfg, calib_dataloader, train_func)
-
-    def evaluate(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        postprocess: Any,
-        metrics: Sequence[Metric],
-        measurer: LatencyMeasurer | None,
-        iteration: int | None,
-    ) -> EvalResult:
-        from .evaluate import evaluate
-
-        return evaluate(model, dataloader, postprocess, metrics, measurer, iteration)
-
-    def cast_lowp(self, model: Any, op_names: Sequence[str], dtype: Literal["bf16", "fp16"]) -> Any:
-        from .lowp import cast_lowp
-
-        return cast_lowp(model, op_names, dtype)
-
-    def inspect_tensor(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        op_names: Sequence[str] | None,
-        kind: Literal["activation", "weight", "both"],
-        iteration: int | None,
-    ) -> Inspection:
-        from .inspection import inspect_tensor
-
-        return inspect_tensor(model, dataloader, op_names, kind, iteration)
-
-    def quantized_ops(self, model: Any) -> dict[str, str]:
-        from .precision import quantized_ops
-
-        return quantized_ops(model)
-
-    def save(self, model: Any, path: Path) -> Path:
-        from .persist import save
-
-        return save(model, path)
-
-    def load(self, path: Path) -> Any:
-        from .persist import load
-
-        return load(path)
+    query_capability = lazy_job("lpq_mxnet.capability:query_capability")
+    fused_patterns = lazy_job("lpq_mxnet.capability:fused_patterns")
+    quantize = lazy_job("lpq_mxnet.quantize:quantize")
+    evaluate = lazy_job("lpq_mxnet.evaluate:evaluate")
+    cast_lowp = lazy_job("lpq_mxnet.lowp:cast_lowp")
+    inspect_tensor = lazy_job("lpq_mxnet.inspection:inspect_tensor")
+    quantized_ops = lazy_job("lpq_mxnet.precision:quantized_ops")
+    save = lazy_job("lpq_mxnet.persist:save")
+    load = lazy_job("lpq_mxnet.persist:load")
 
 
 plugin = MxnetPlugin()

@@ -8,21 +8,16 @@ frameworks' calls with ``None``. Nothing in the package imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import lpq
 from lpq import (
     AdaptorInfo,
     BackendProfile,
-    EvalResult,
     Example,
-    FrameworkCapability,
-    Inspection,
-    LatencyMeasurer,
-    Metric,
     TuneConfig,
+    lazy_job,
 )
 
 from . import info
@@ -104,17 +99,8 @@ class OnnxrtPlugin(lpq.AdaptorHooks):
     def detect(self, model: Any) -> bool:
         return info.detect(model)
 
-    def query_capability(
-        self, model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
-    ) -> FrameworkCapability:
-        from .capability import query_capability
-
-        return query_capability(model, dataloader, options)
-
-    def fused_patterns(self, model: Any) -> list[tuple[str, ...]]:
-        from .capability import fused_patterns
-
-        return fused_patterns(model)
+    query_capability = lazy_job("lpq_onnxrt.capability:query_capability")
+    fused_patterns = lazy_job("lpq_onnxrt.capability:fused_patterns")
 
     def quantize(
         self,
@@ -136,70 +122,16 @@ class OnnxrtPlugin(lpq.AdaptorHooks):
             tune_cfg=resolved_config(quantized),
         )
 
-    def evaluate(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        postprocess: Any,
-        metrics: Sequence[Metric],
-        measurer: LatencyMeasurer | None,
-        iteration: int | None,
-    ) -> EvalResult:
-        from .evaluate import evaluate
-
-        return evaluate(model, dataloader, postprocess, metrics, measurer, iteration)
-
-    def cast_lowp(self, model: Any, op_names: Sequence[str], dtype: Literal["bf16", "fp16"]) -> Any:
-        from .lowp import cast_lowp
-
-        return cast_lowp(model, op_names, dtype)
-
-    def inspect_tensor(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        op_names: Sequence[str] | None,
-        kind: Literal["activation", "weight", "both"],
-        iteration: int | None,
-    ) -> Inspection:
-        from .inspection import inspect_tensor
-
-        return inspect_tensor(model, dataloader, op_names, kind, iteration)
-
-    def quantized_ops(self, model: Any) -> dict[str, str]:
-        from .precision import quantized_ops
-
-        return quantized_ops(model)
-
-    def resolved_config(self, model: Any) -> TuneConfig | None:
-        from .qmodel import resolved_config
-
-        return resolved_config(model)
-
-    def set_tensor(self, model: Any, tensor_name: str, value: Any) -> Any:
-        from .edit import set_tensor
-
-        return set_tensor(model, tensor_name, value)
-
-    def export(self, model: Any, target: str, options: dict[str, Any]) -> Any:
-        from .export import export
-
-        return export(model, target, options)
-
-    def quantize_input(self, model: Any, options: dict[str, Any]) -> Any:
-        from .edit import quantize_input
-
-        return quantize_input(model, options)
-
-    def save(self, model: Any, path: Path) -> Path:
-        from .persist import save
-
-        return save(model, path)
-
-    def load(self, path: Path) -> Any:
-        from .persist import load
-
-        return load(path)
+    evaluate = lazy_job("lpq_onnxrt.evaluate:evaluate")
+    cast_lowp = lazy_job("lpq_onnxrt.lowp:cast_lowp")
+    inspect_tensor = lazy_job("lpq_onnxrt.inspection:inspect_tensor")
+    quantized_ops = lazy_job("lpq_onnxrt.precision:quantized_ops")
+    resolved_config = lazy_job("lpq_onnxrt.qmodel:resolved_config")
+    set_tensor = lazy_job("lpq_onnxrt.edit:set_tensor")
+    export = lazy_job("lpq_onnxrt.export:export")
+    quantize_input = lazy_job("lpq_onnxrt.edit:quantize_input")
+    save = lazy_job("lpq_onnxrt.persist:save")
+    load = lazy_job("lpq_onnxrt.persist:load")
 
 
 plugin = OnnxrtPlugin()

@@ -10,11 +10,11 @@ Nothing in the package imports this module: it sits on top of the import graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import lpq
+from lpq import lazy_job
 
 from .info import (
     FRAMEWORK,
@@ -71,68 +71,14 @@ class TfPlugin(lpq.AdaptorHooks):
     def detect(self, model: Any) -> bool:
         return detect(model)
 
-    def query_capability(
-        self, model: Any, dataloader: Iterable[Any] | None, options: dict[str, Any]
-    ) -> lpq.FrameworkCapability:
-        from .capability import query_capability
-
-        return query_capability(model, dataloader, options)
-
-    def quantize(
-        self,
-        model: Any,
-        tune_cfg: lpq.TuneConfig,
-        calib_dataloader: Iterable[Any] | None,
-        train_func: Callable[[Any], Any] | None,
-    ) -> Any:
-        from .quantize import quantize
-
-        return quantize(model, tune_cfg, calib_dataloader, train_func)
-
-    def evaluate(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        postprocess: Any,
-        metrics: Sequence[lpq.Metric],
-        measurer: lpq.LatencyMeasurer | None,
-        iteration: int | None,
-    ) -> lpq.EvalResult:
-        from .evaluate import evaluate
-
-        return evaluate(model, dataloader, postprocess, metrics, measurer, iteration)
-
-    def cast_lowp(self, model: Any, op_names: Sequence[str], dtype: Literal["bf16", "fp16"]) -> Any:
-        from .lowp import cast_lowp
-
-        return cast_lowp(model, op_names, dtype)
-
-    def inspect_tensor(
-        self,
-        model: Any,
-        dataloader: Iterable[Any],
-        op_names: Sequence[str] | None,
-        kind: Literal["activation", "weight", "both"],
-        iteration: int | None,
-    ) -> lpq.Inspection:
-        from .inspection import inspect_tensor
-
-        return inspect_tensor(model, dataloader, op_names, kind, iteration)
-
-    def quantized_ops(self, model: Any) -> dict[str, str]:
-        from .precision import quantized_ops
-
-        return quantized_ops(model)
-
-    def save(self, model: Any, path: Path) -> Path:
-        from .persist import save
-
-        return save(model, path)
-
-    def load(self, path: Path) -> Any:
-        from .persist import load
-
-        return load(path)
+    query_capability = lazy_job("lpq_tf.capability:query_capability")
+    quantize = lazy_job("lpq_tf.quantize:quantize")
+    evaluate = lazy_job("lpq_tf.evaluate:evaluate")
+    cast_lowp = lazy_job("lpq_tf.lowp:cast_lowp")
+    inspect_tensor = lazy_job("lpq_tf.inspection:inspect_tensor")
+    quantized_ops = lazy_job("lpq_tf.precision:quantized_ops")
+    save = lazy_job("lpq_tf.persist:save")
+    load = lazy_job("lpq_tf.persist:load")
 
 
 plugin = TfPlugin()
