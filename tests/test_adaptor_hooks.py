@@ -92,5 +92,5 @@ def test_a_lazy_job_imports_its_function_on_first_call(manager: PluginManager, m
     monkeypatch.setitem(sys.modules, "lpq_lazy_job_target", module)
     assert hooks.lpq_quantized_ops("lazyfw", "m") == {"lazy": "m"}
     assert hooks.lpq_quantized_ops("other", "m") is None
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match=r"package\.module:function"):
         lpq.lazy_job("no_colon")
