@@ -56,6 +56,7 @@ class InputSpec:
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     """The graph inputs a caller must feed (initializers listed as inputs excluded)."""
     initializers = {init.name for init in model.graph.initializer}
+    head_sizes = cache_head_sizes(model)
     specs = []
     for value in model.graph.input:
         if value.name in initializers:
@@ -68,8 +69,53 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                 for d in tensor.shape.dim
             )
+            if value.name in head_sizes and shape and shape[-1] is None:
+                shape = (*shape[:-1], head_sizes[value.name])  # a symbolic head size
         specs.append(InputSpec(value.name, dtype, shape))
     return specs
+
+
+def cache_head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """The head size of each KV-cache input of an ORT attention node, from the node's
+    head counts and its query projection's width.
+
+    onnxruntime-genai's builder names the cache's last dim (``kv_cache_dim``) instead of
+    fixing it, and an empty cache needs the real size: GroupQueryAttention checks it.
+    """
+    weights = {init.name: init for init in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    sizes: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("GroupQueryAttention", "MultiHeadAttention") or not node.input:
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        heads = attrs.get("num_heads", 0)
+        kv_heads = attrs.get("kv_num_heads", heads)
+        width = _projection_width(node.input[0], producers, weights)
+        if not heads or not width:
+            continue
+        packed = len(node.input) < 2 or not node.input[1]  # Q, K and V in one tensor
+        head = width // (heads + 2 * kv_heads) if packed else width // heads
+        for name in node.input[3:5]:  # past_key, past_value
+            if name:
+                sizes[name] = head
+    return sizes
+
+
+def _projection_width(
+    tensor: str, producers: Mapping[str, Any], weights: Mapping[str, Any]
+) -> int | None:
+    """Output width of the MatMul (or MatMulNBits, through a bias Add) producing ``tensor``."""
+    node = producers.get(tensor)
+    while node is not None and node.op_type == "Add":
+        node = next((producers[i] for i in node.input if i in producers), None)
+    if node is None:
+        return None
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in weights:
+        return int(weights[node.input[1]].dims[-1])
+    if node.op_type == "MatMulNBits":
+        return next((int(a.i) for a in node.attribute if a.name == "N"), None)
+    return None
 
 
 def _check(spec: InputSpec, array: Any) -> np.ndarray:
