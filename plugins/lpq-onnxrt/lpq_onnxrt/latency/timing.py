@@ -191,8 +191,7 @@ class OrtTimer:
                     continue
                 session = create_session(proto, self.options)
                 self.sessions_made += 1
-                session.run(None, feeds)  # warm-up: first runs allocate, pack weights
-                session.run(None, feeds)
+                session.run(None, feeds)  # warm-up: the first run allocates, packs weights
                 sessions[label] = session
             self._kept = {id(models[label]): (models[label], s) for label, s in sessions.items()}
 
