@@ -1,0 +1,251 @@
+"""What default ``lpq quantize`` costs against ONNX Runtime's ``quantize_static``.
+
+Issue 26, item 4: default ``lpq quantize`` should cost at most 3x the CPU time of ORT's
+``quantize_static`` (QDQ, U8S8, per-channel weights) on the same model and machine, and at
+most 2x its peak memory. Each variant runs in its own process under ``/usr/bin/time -v``:
+CPU seconds (user + sys) and peak RSS come from there. On a shared machine CPU seconds are
+far steadier than wall time (other jobs stretch the wall clock, not this process's CPU
+time); read the CPU columns and the ratios.
+
+Variants (all in one run, the same calibration file):
+
+* ``ort``: ``onnxruntime.quantization.quantize_static``, QDQ, activations uint8, weights
+  int8 per channel, minmax, a data reader over the same samples at batch 1 (ORT's usual);
+* ``lpq-cold``: ``lpq quantize MODEL --calib calib.npz`` with an empty latency cache
+  (``LPQ_CACHE_DIR`` a fresh folder): the first quantization of a model on a machine;
+* ``lpq-warm``: the same command again on the same cache (the decisions and the op
+  latency table are read back);
+* ``lpq-nocheck``: ``--no-fidelity-check`` (the held-out fidelity check is item 2's job,
+  not a cost ORT has), cold cache.
+
+Models: published ONNX files from pip packages (``rapidocr-onnxruntime``: PP-OCRv4 rec,
+PP-OCR mobile cls, PP-OCRv4 det; ``silero-vad``), found installed or in
+``--models-dir`` (e.g. the wheel unpacked: ``pip download rapidocr-onnxruntime --no-deps``
+and unzip). Inputs are synthetic text-like images (no downloads); cost does not depend on
+what the pictures show.
+
+    .venv/bin/python bench/bench_quantize_cost.py --models rec,cls \\
+        --models-dir /tmp/rapid/ex/rapidocr_onnxruntime/models
+
+``--baseline DIR`` runs every lpq variant also with an older ``lpq_onnxrt`` (before and
+after in one run, interleaved, on the same machine state: CPU seconds of separate runs
+on a shared machine differed by 2x).
+
+Prints a table and writes ``bench/results/quantize_cost.json`` with
+``lpq.cpu_features().as_dict()``, the load average before and after, and every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: name -> (distribution, file, input name, sample shape (C, H, W) or None for audio)
+MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
+    "rec": ("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
+    "cls": ("rapidocr-onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192)),
+    "det": ("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 480)),
+}
+
+ORT_SCRIPT = r"""
+import sys
+import numpy as np
+from onnxruntime.quantization import (
+    CalibrationDataReader, QuantFormat, QuantType, quantize_static,
+)
+model, calib, out = sys.argv[1:4]
+data = np.load(calib)
+names = list(data.files)
+
+class Reader(CalibrationDataReader):
+    def __init__(self):
+        self.items = iter(
+            {n: data[n][i : i + 1] for n in names} for i in range(len(data[names[0]]))
+        )
+    def get_next(self):
+        return next(self.items, None)
+
+quantize_static(
+    model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+)
+"""
+
+
+def locate(distribution: str, file: str, folder: Path | None) -> Path:
+    if folder is not None and (folder / file).is_file():
+        return folder / file
+    from importlib import metadata
+
+    dist = metadata.distribution(distribution)
+    for entry in dist.files or []:
+        if Path(str(entry)).name == file:
+            return Path(str(dist.locate_file(entry)))
+    raise FileNotFoundError(f"{file}: not in {folder} nor in an installed {distribution}")
+
+
+def text_like(count: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Smooth backgrounds with dark strokes: in PP-OCR's range ((x - 0.5) / 0.5)."""
+    rng = np.random.default_rng(seed)
+    channels, height, width = shape
+    images = np.empty((count, channels, height, width), np.float32)
+    ys, xs = np.mgrid[0:height, 0:width]
+    for k in range(count):
+        base = 0.6 + 0.3 * np.sin(xs / rng.uniform(20, 80) + rng.uniform(0, 6))
+        base = base * (0.8 + 0.2 * np.cos(ys / rng.uniform(10, 40)))
+        for _ in range(int(rng.integers(4, 12))):  # strokes: bars of "glyphs"
+            y0 = int(rng.integers(0, max(1, height - 6)))
+            x0 = int(rng.integers(0, max(1, width - 20)))
+            h, w = int(rng.integers(3, max(4, height // 3))), int(rng.integers(2, 18))
+            base[y0 : y0 + h, x0 : x0 + w] *= rng.uniform(0.05, 0.4)
+        noise = rng.normal(0, 0.03, (channels, height, width))
+        images[k] = np.clip(base[None] + noise, 0, 1)
+    return (images - 0.5) / 0.5
+
+
+def timed(command: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
+    """Run ``command`` under ``/usr/bin/time -v``: CPU s, peak RSS, wall s, exit status."""
+    started = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.run(
+            ["/usr/bin/time", "-v", *command], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    wall = time.perf_counter() - started
+    text = log.read_text(encoding="utf-8", errors="replace")
+
+    def field(label: str) -> float:
+        found = re.findall(rf"{re.escape(label)}: ([0-9.]+)", text)
+        return float(found[-1]) if found else float("nan")
+
+    user, system = field("User time (seconds)"), field("System time (seconds)")
+    return {
+        "rc": proc.returncode,
+        "cpu_s": round(user + system, 2),
+        "user_s": user,
+        "sys_s": system,
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(field("Maximum resident set size (kbytes)") / 1024, 1),
+        "log": str(log),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="rec,cls")
+    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument("--samples", type=int, default=64, help="calibration samples")
+    parser.add_argument("--variants", default="ort,lpq-cold,lpq-warm,lpq-nocheck")
+    parser.add_argument("--label", default="", help="stored with the results (e.g. 'before')")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a folder holding another lpq_onnxrt (e.g. `git archive <commit> "
+        "plugins/lpq-onnxrt/lpq_onnxrt | tar -x -C DIR`, then DIR/plugins/lpq-onnxrt): "
+        "every lpq variant also runs with it first on PYTHONPATH, as VARIANT@base, "
+        "interleaved with the current code on the same machine state",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results" / "quantize_cost.json"
+    )
+    args = parser.parse_args()
+
+    import onnxruntime
+
+    import lpq
+
+    python = sys.executable
+    lpq_cli = str(Path(python).with_name("lpq"))
+    variants = []
+    for variant in args.variants.split(","):
+        if args.baseline is not None and variant.startswith("lpq"):
+            variants.append(variant + "@base")
+        variants.append(variant)
+    work = Path(tempfile.mkdtemp(prefix="lpq-qcost-"))
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    for name in args.models.split(","):
+        distribution, file, shape = MODELS[name]
+        model = locate(distribution, file, args.models_dir)
+        calib = work / f"{name}-calib.npz"
+        np.savez(calib, x=text_like(args.samples, shape, seed=1))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for variant in variants:
+            out = work / f"{name}-{variant}.onnx"
+            if variant == "ort":
+                command = [python, "-c", ORT_SCRIPT, str(model), str(calib), str(out)]
+                run_env = env
+            else:
+                variant, _, base = variant.partition("@")
+                cache = work / f"cache-{name}{'-base' if base else ''}"
+                if variant in ("lpq-cold", "lpq-nocheck"):
+                    shutil.rmtree(cache, ignore_errors=True)
+                command = [lpq_cli, "quantize", str(model), "--calib", str(calib)]
+                command += ["--out", str(out), "--force"]
+                if variant == "lpq-nocheck":
+                    command.append("--no-fidelity-check")
+                run_env = {**env, "LPQ_CACHE_DIR": str(cache)}
+                if base:
+                    run_env["PYTHONPATH"] = str(args.baseline)
+                    variant += "@base"
+            print(f"{name} {variant} ...", flush=True)
+            row = {"model": name, "file": file, "variant": variant}
+            row.update(timed(command, run_env, work / f"{name}-{variant.replace('@', '-')}.log"))
+            rows.append(row)
+            print(
+                f"  rc {row['rc']}  cpu {row['cpu_s']} s  wall {row['wall_s']} s  "
+                f"peak {row['peak_rss_mb']} MB",
+                flush=True,
+            )
+    ort = {row["model"]: row for row in rows if row["variant"] == "ort"}
+    for row in rows:
+        base = ort.get(row["model"])
+        if base and base["cpu_s"] > 0:
+            row["cpu_x_ort"] = round(row["cpu_s"] / base["cpu_s"], 2)
+            row["rss_x_ort"] = round(row["peak_rss_mb"] / base["peak_rss_mb"], 2)
+    features = lpq.cpu_features().as_dict()
+    print(
+        f"\nCPU int8 ISA: {features.get('isa')}  cores: {os.cpu_count()}  "
+        f"ORT {onnxruntime.__version__}  load {load_before} -> {os.getloadavg()}"
+    )
+    print(
+        f"{'model':6} {'variant':14} {'rc':>3} {'CPU s':>8} {'x ORT':>6} {'wall s':>8} "
+        f"{'peak MB':>8} {'x ORT':>6}"
+    )
+    for row in rows:
+        print(
+            f"{row['model']:6} {row['variant']:14} {row['rc']:>3} {row['cpu_s']:>8} "
+            f"{row.get('cpu_x_ort', ''):>6} {row['wall_s']:>8} {row['peak_rss_mb']:>8} "
+            f"{row.get('rss_x_ort', ''):>6}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "label": args.label,
+        "cpu_features": features,
+        "cores": os.cpu_count(),
+        "onnxruntime": onnxruntime.__version__,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "samples": args.samples,
+        "baseline": str(args.baseline) if args.baseline else None,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
