@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from lpq import ModelError
 
+from . import weights
 from .info import is_onnx_model
+from .weights import Blobs
 
 if TYPE_CHECKING:
     import onnx
@@ -254,45 +256,50 @@ def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return inference.out_mp_ if complete else None
 
 
-def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+def optimize(model: onnx.ModelProto, blobs: Blobs | None = None) -> onnx.ModelProto:
     """Apply ORT's basic (ONNX-standard) graph optimizations; raise ModelError if ORT
-    cannot load the model at all."""
-    import onnx
+    cannot load the model at all.
+
+    With ``blobs``, ``model`` is detached (:mod:`.weights`): ORT reads the arrays in
+    place, the result is detached too and ``blobs`` is refilled with its values (the old
+    ones are dropped once ORT has written the optimized model, so the weights are held
+    once plus ORT's folded constants). Without, a full model in, a full model out."""
     import onnxruntime as ort
 
+    if blobs is None:
+        light, held = weights.detach(model)
+        optimized = optimize(light, held)
+        weights.attach(optimized, held)
+        return optimized
     with tempfile.TemporaryDirectory(prefix="lpq-onnxrt-") as tmp:
         out = Path(tmp) / "optimized.onnx"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(out)
         options.log_severity_level = 3
-        large = model.ByteSize() >= PROTO_LIMIT
-        if large:
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", "optimized.data"
-            )
-        # MatMul+Add -> Gemm would hide the user's MatMuls (and their names) and lose
-        # their dynamic / weight-only options: ORT has neither for Gemm.
-        kwargs: dict[str, Any] = {
-            "providers": ["CPUExecutionProvider"],
-            "disabled_optimizers": _KEEP_AS_IS,
-        }
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "optimized.data"
+        )
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes",
+            str(min(weights.MIN_BYTES, 1 << 20)),
+        )
         try:
-            if large:
-                source = Path(tmp) / "input.onnx"
-                onnx.save_model(
-                    model, str(source), save_as_external_data=True, location="input.data"
-                )
-                ort.InferenceSession(str(source), options, **kwargs)
-            else:
-                ort.InferenceSession(model.SerializeToString(), options, **kwargs)
+            # MatMul+Add -> Gemm would hide the user's MatMuls (and their names) and lose
+            # their dynamic / weight-only options: ORT has neither for Gemm.
+            weights.session(
+                model, blobs, options, ["CPUExecutionProvider"], disabled_optimizers=_KEEP_AS_IS
+            )
         except Exception as exc:
             raise ModelError(
                 f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",
                 hint="check that the model is valid (onnx.checker.check_model) and uses "
                 "operators ONNX Runtime supports",
             ) from None
-        return onnx.load(str(out), load_external_data=True)
+        blobs.clear()
+        optimized, values = weights.load_detached(out)
+    blobs.update(values)
+    return optimized
 
 
 def prepare(model: Any) -> PreparedModel:
@@ -306,10 +313,13 @@ def prepare(model: Any) -> PreparedModel:
 
 
 def _prepare(model: Any, key: str) -> PreparedModel:
-    import onnx
-
-    proto = onnx.ModelProto()
-    proto.CopyFrom(to_proto(model))
+    # The graph work (naming, version conversion, shape inference, ORT's optimizer) runs
+    # on a detached model (:mod:`.weights`): the large initializers are held once, as
+    # arrays, and go back into the proto at the end. A file's external data is read once.
+    if isinstance(model, str | os.PathLike):
+        proto, blobs = _load_detached(model)
+    else:
+        proto, blobs = weights.detach(to_proto(model))
     if not proto.graph.node:
         raise ModelError("the ONNX model has no nodes", hint="pass a model with a graph")
     name_nodes(proto)
@@ -318,15 +328,20 @@ def _prepare(model: Any, key: str) -> PreparedModel:
     # Shapes first: with the dims symbolic inference resolves (a transformer's sequence
     # length and hidden size), ORT's constant folding removes the Shape -> Gather ->
     # Unsqueeze -> Concat chains that compute them (as ORT's quant_pre_process does).
-    optimized = optimize(infer_shapes(proto))
+    optimized = optimize(infer_shapes(proto), blobs)
+    del proto
     # Optimizations keep the names of surviving nodes; name the nodes they created.
     name_nodes(optimized)
     from .simplify import simplify
 
+    # simplify folds constants into Conv weights: those must hold their values
+    convs = {name for node in optimized.graph.node if node.op_type == "Conv" for name in node.input}
+    weights.attach(optimized, blobs, convs)
     rewrites = simplify(optimized)
     if rewrites:
         log.info("simplified %d op chains (affine folds, HardSwish)", rewrites)
     optimized = infer_shapes(optimized)
+    weights.attach(optimized, blobs)
     prepared = PreparedModel(
         optimized, key, str(model) if isinstance(model, str | os.PathLike) else "<ModelProto>"
     )
@@ -337,6 +352,21 @@ def _prepare(model: Any, key: str) -> PreparedModel:
         len(original_names),
     )
     return prepared
+
+
+def _load_detached(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Blobs]:
+    """:func:`load_file` as a detached model (each external tensor read once)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelError(f"model file {file} does not exist", hint="check the path")
+    try:
+        return weights.load_detached(file)
+    except Exception as exc:
+        raise ModelError(
+            f"{file} is not a readable ONNX model ({type(exc).__name__}: {exc})",
+            hint="pass an .onnx file exported by a framework (and its external data files "
+            "next to it)",
+        ) from None
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:

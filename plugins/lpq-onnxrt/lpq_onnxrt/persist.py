@@ -3,21 +3,20 @@
 A quantized model is an ordinary ``.onnx`` file any ORT can run; lpq adds
 ``metadata_props`` entries (``lpq.tune_cfg``, ``lpq.ranges``, ...) holding JSON, so that
 loading it rebuilds the :class:`QuantizedModel` without recalibration and a tuning run
-can be reproduced from the file alone. Writes are atomic; models above the 2 GB protobuf
-limit are written with their tensors in ``<name>.data`` beside the model file.
+can be reproduced from the file alone. Writes are atomic; models with 100 MB of weights or
+more (LLMs) are written with their tensors in ``<name>.onnx.data`` beside the model file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lpq import ModelError, TuneConfig, atomic_write
 
-from . import model_io
+from . import model_io, weights
 from .qmodel import QuantizedModel
 
 _PREFIX = "lpq."
@@ -29,12 +28,16 @@ def _target(path: Path) -> Path:
 
 
 def save(model: Any, path: Path) -> Path:
-    """Write ``model`` to ``path`` (``.onnx`` appended when missing); return the file."""
-    import onnx
+    """Write ``model`` to ``path`` (``.onnx`` appended when missing); return the file.
 
+    A model whose initializers take :data:`EXTERNAL_ABOVE` bytes or more (an LLM) is
+    written as ``<name>.onnx`` + ``<name>.onnx.data``, like the exports it came from;
+    both files are written under temporary names in the target folder and renamed at
+    the end (data first), so no half-written pair is left behind. Neither the model
+    nor its weights are copied whole to write them."""
     target = _target(Path(path))
     if isinstance(model, QuantizedModel):
-        proto = model_io.copy_model(model.proto)
+        proto = model.proto
         meta = {
             "format_version": FORMAT_VERSION,
             "tune_cfg": model.tune_cfg.to_json(),
@@ -43,37 +46,53 @@ def save(model: Any, path: Path) -> Path:
             "fp32_outputs": model.fp32_outputs,
             "fp32_weights": model.fp32_weights,
         }
-        kept = [p for p in proto.metadata_props if not p.key.startswith(_PREFIX)]
-        del proto.metadata_props[:]
-        proto.metadata_props.extend(kept)
-        for key, value in meta.items():
-            entry = proto.metadata_props.add()
-            entry.key = _PREFIX + key
-            entry.value = json.dumps(value, default=str)
     else:
-        proto = model_io.to_proto(model)
-    if proto.ByteSize() < model_io.PROTO_LIMIT:
+        proto, meta = model_io.to_proto(model), {}
+    if _weight_bytes(proto) < EXTERNAL_ABOVE:
+        proto = model_io.copy_model(proto) if meta else proto
+        _set_meta(proto, meta)
         with atomic_write(target, "wb") as handle:
             handle.write(proto.SerializeToString())
         return target
-    # Large model: write both files in a scratch folder beside the target, then move
-    # the data file first and the model file last, so the model never points at
-    # missing data.
     target.parent.mkdir(parents=True, exist_ok=True)
     data_name = target.name + ".data"
-    with tempfile.TemporaryDirectory(prefix=".lpq-save-", dir=target.parent) as tmp:
-        scratch = Path(tmp) / target.name
-        onnx.save_model(
-            proto,
-            str(scratch),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=data_name,
-            size_threshold=1024,
-        )
-        os.replace(Path(tmp) / data_name, target.parent / data_name)
-        os.replace(scratch, target)
+    tmp_data = target.parent / f".{data_name}.{os.getpid()}.tmp"
+    tmp_model = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        light = weights.write_split(proto, tmp_data, data_name)
+        if meta:
+            _set_meta(light, meta)
+        with open(tmp_model, "wb") as handle:
+            handle.write(light.SerializeToString())
+            handle.flush()
+            os.fsync(handle.fileno())
+        # data first, model last: the model file never points at missing data
+        os.replace(tmp_data, target.parent / data_name)
+        os.replace(tmp_model, target)
+    finally:
+        for left in (tmp_data, tmp_model):
+            left.unlink(missing_ok=True)
     return target
+
+
+#: Models whose initializers take this many bytes or more are saved with external data.
+EXTERNAL_ABOVE = 100 << 20
+
+
+def _weight_bytes(proto: Any) -> int:
+    return sum(weights.nbytes(init) for init in proto.graph.initializer)
+
+
+def _set_meta(proto: Any, meta: dict[str, Any]) -> None:
+    if not meta:
+        return
+    kept = [p for p in proto.metadata_props if not p.key.startswith(_PREFIX)]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key = _PREFIX + key
+        entry.value = json.dumps(value, default=str)
 
 
 def load(path: Path) -> Any:

@@ -121,7 +121,7 @@ def test_incomplete_symbolic_inference_leaves_no_file_in_the_cwd(monkeypatch, tm
 def test_prepare_is_cached_per_content(monkeypatch):
     calls = []
     original = model_io.optimize
-    monkeypatch.setattr(model_io, "optimize", lambda m: calls.append(1) or original(m))
+    monkeypatch.setattr(model_io, "optimize", lambda m, *a: calls.append(1) or original(m, *a))
     model = _unnamed_model()
     model.producer_name = "cache-test"  # a content no other test prepared
     first = model_io.prepare(model)

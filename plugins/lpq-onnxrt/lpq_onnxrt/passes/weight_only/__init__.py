@@ -5,12 +5,15 @@ RTN, GPTQ, AWQ or the scale search), written by lpq itself with integer zero poi
 (:mod:`.nodes`) and the ``accuracy_level`` measured fastest without costing accuracy
 (:mod:`.accuracy_level`). GPTQ and AWQ calibrate on the MatMul inputs, streamed chunk by
 chunk (:mod:`.activations`); AWQ scales are folded into the producing normalization
-where that is safe (:mod:`.awq_fold`). A tied ``lm_head`` stays float unless asked
-(:mod:`.plan`). What was done per layer is written to the model's ``metadata_props``
-under ``lpq_weight_only`` (JSON) and logged, one line per layer.
+where that is safe (:mod:`.awq_fold`). ``lm_head`` (:mod:`.plan`) becomes int8 when that
+costs little next-token agreement on the calibration windows, else stays float (a tied
+float head reads the embedding table through a Transpose again: one table in the file).
+What was done per layer is written to the model's ``metadata_props`` under
+``lpq_weight_only`` (JSON) and logged, one line per layer.
 
 Options (``tune_cfg.options`` / ``--option``): ``accuracy_level`` (``auto`` or 0..4),
-``lm_head`` (``auto``, ``fp32``, ``int8``, ``tuned``), ``gptq_damp`` (0.01),
+``lm_head`` (``auto``, ``fp32``, ``int8``, ``tuned``; ``lm_head_min_agreement`` 0.99 and
+``lm_head_max_kl`` 0.01 for ``auto``), ``gptq_damp`` (0.01),
 ``gptq_act_order`` (false), ``awq_grid`` (20), ``awq_tokens`` (512 rows per layer),
 ``calib_budget_mb`` (512: activations held per calibration chunk).
 """
@@ -32,7 +35,14 @@ from . import accuracy_level as levels
 from .activations import Need, TensorStats, collect
 from .awq_fold import FoldSite, apply_fold, fold_site
 from .nodes import replace_matmul
-from .plan import CALIBRATED, LayerChoice, decide_lm_head, find_lm_head, read_choices
+from .plan import (
+    CALIBRATED,
+    LayerChoice,
+    decide_lm_head,
+    find_lm_head,
+    measure_lm_head,
+    read_choices,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -40,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 METADATA_KEY = "lpq_weight_only"
+#: Rows of lm_head's input kept to measure an int8 head (``lm_head=auto``).
+HEAD_ROWS = 256
 
 __all__ = ["METADATA_KEY", "weight_only_pass"]
 
@@ -54,8 +66,15 @@ def weight_only_pass(
     nodes = {node.name: node for node in model.graph.node}
     choices = read_choices(ops, {name: nodes[name].op_type for name in ops if name in nodes})
     report: dict[str, Any] = {"layers": {}, "awq_skipped": {}, "accuracy_level": {}}
-    report["lm_head"] = decide_lm_head(choices, find_lm_head(model), options.get("lm_head"))
-    stats = _calibrate(model, choices, calib_dataloader, options)
+    head = find_lm_head(model)
+    report["lm_head"] = decide_lm_head(
+        choices, head, options.get("lm_head"), measurable=calib_dataloader is not None
+    )
+    pending = head is not None and (report["lm_head"] or {}).get("kept") == "measure"
+    head_input = _input_of(model, head.name) if pending and head is not None else None
+    stats = _calibrate(model, choices, calib_dataloader, options, head_input)
+    if pending and head is not None:
+        _decide_measured_head(model, head.name, head_input, choices, stats, options, report)
     awq = _run_awq(model, choices, stats, options, report)
     for index, (name, choice) in enumerate(choices.items(), 1):
         node = next(n for n in model.graph.node if n.name == name)
@@ -76,8 +95,63 @@ def weight_only_pass(
             choice.bits,
             choice.block_size,
         )
+    if head is not None and head.tied and head.table and head.name not in choices:
+        share_tied_table(model, head.name, head.table)
     _write_report(model, report)
     return model
+
+
+def _input_of(model: onnx.ModelProto, name: str) -> str:
+    return next(node.input[0] for node in model.graph.node if node.name == name)
+
+
+def _decide_measured_head(
+    model: onnx.ModelProto,
+    name: str,
+    tensor: str | None,
+    choices: dict[str, LayerChoice],
+    stats: Mapping[str, TensorStats],
+    options: Mapping[str, Any],
+    report: dict[str, Any],
+) -> None:
+    """``lm_head=auto`` with data: int8 when it costs little next-token agreement on the
+    calibration windows, else float; the numbers go into the report."""
+    entry = report["lm_head"]
+    found = stats.get(tensor) if tensor is not None else None
+    if found is None or not found.rows:
+        del choices[name]
+        entry.update(kept="fp32", reason="auto: no hidden states to measure the int8 head on")
+        return
+    node = next(n for n in model.graph.node if n.name == name)
+    measured = measure_lm_head(_weight(model, node), found.sample(), choices[name], options)
+    keep = measured.pop("int8")
+    entry["measured"] = measured
+    if keep:
+        entry.update(kept="int8", reason="auto: int8 keeps next-token agreement (measured)")
+    else:
+        del choices[name]
+        entry.update(kept="fp32", reason="auto: int8 costs next-token agreement (measured)")
+    log.info("lm_head %s: %s (%s)", name, entry["kept"], measured)
+
+
+def share_tied_table(model: onnx.ModelProto, head: str, table: str) -> bool:
+    """A float tied ``lm_head``: the embedding ``table`` (a separate initializer equal to
+    the head's weight transposed, as ORT's constant folding leaves the builder's
+    ``Transpose(lm_head weight)``) becomes that Transpose again, so the file holds the
+    table once. Returns whether it changed the model."""
+    import onnx
+
+    node = next((n for n in model.graph.node if n.name == head), None)
+    inits = [init for init in model.graph.initializer if init.name == table]
+    if node is None or node.op_type != "MatMul" or not inits:
+        return False
+    weight = node.input[1]
+    model.graph.initializer.remove(inits[0])
+    transpose = onnx.helper.make_node(
+        "Transpose", [weight], [table], name=f"{table}__lpq_tied", perm=[1, 0]
+    )
+    model.graph.node.insert(0, transpose)
+    return True
 
 
 def _weight(model: onnx.ModelProto, node: onnx.NodeProto) -> np.ndarray:
@@ -93,17 +167,30 @@ def _weight(model: onnx.ModelProto, node: onnx.NodeProto) -> np.ndarray:
 
 
 def _needs(
-    model: onnx.ModelProto, choices: Mapping[str, LayerChoice], options: Mapping[str, Any]
+    model: onnx.ModelProto,
+    choices: Mapping[str, LayerChoice],
+    options: Mapping[str, Any],
+    head_input: str | None = None,
 ) -> dict[str, Need]:
-    """What each MatMul input tensor must be summarised into, merged over its readers."""
+    """What each MatMul input tensor must be summarised into, merged over its readers
+    (and ``lm_head``'s input rows, when its precision is to be measured)."""
     rows = int(options.get("awq_tokens", 512))
     needs: dict[str, Need] = {}
+    if head_input is not None:
+        width = next(
+            int(_weight(model, n).shape[0])
+            for n in model.graph.node
+            if n.input[:1] == [head_input] and n.op_type == "MatMul"
+        )
+        needs[head_input] = Need(width, sample_rows=HEAD_ROWS)
     for node in model.graph.node:
         choice = choices.get(node.name)
         if choice is None or choice.algorithm == "rtn":
             continue
         k = int(_weight(model, node).shape[0])
         old = needs.get(node.input[0], Need(k))
+        if node.input[0] == head_input:
+            old = Need(k, sample_rows=max(HEAD_ROWS, old.sample_rows))
         needs[node.input[0]] = Need(
             k,
             hessian=old.hessian or choice.algorithm == "gptq",
@@ -117,6 +204,7 @@ def _calibrate(
     choices: Mapping[str, LayerChoice],
     calib: Iterable[Any] | None,
     options: Mapping[str, Any],
+    head_input: str | None = None,
 ) -> dict[str, TensorStats]:
     calibrated = sorted({c.algorithm for c in choices.values() if c.algorithm in CALIBRATED})
     if calib is None:
@@ -127,7 +215,7 @@ def _calibrate(
                 "or use algorithm rtn / scale_search",
             )
         return {}
-    needs = _needs(model, choices, options)
+    needs = _needs(model, choices, options, head_input)
     if not needs:
         return {}
     budget = int(float(options.get("calib_budget_mb", 512)) * (1 << 20))

@@ -6,9 +6,10 @@ calibration window would take gigabytes on an LLM, so the statistics are accumul
 the windows run: the MatMul inputs are made graph outputs of a copy of the model, in
 *chunks* whose activations for one batch fit ``budget_bytes``; each chunk runs the
 calibration data once, feeds :class:`lpq.weight_only.HessianAccumulator` and keeps at
-most ``sample_rows`` rows per tensor, then its outputs are dropped. Peak memory is the
-model, one ORT session of it, one batch's activations of one chunk and the statistics
-((K, K) float64 per Hessian).
+most ``sample_rows`` rows per tensor, then its outputs are dropped. The sessions run a
+*detached* copy (:mod:`lpq_onnxrt.weights`): the weights are held once more, as arrays ORT
+reads in place. Peak memory is the model, that one copy of its weights, one batch's
+activations of one chunk and the statistics ((K, K) float64 per Hessian).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from lpq import DataError
+from lpq import DataError, ModelError
 from lpq.weight_only import HessianAccumulator
 
+from ... import weights
 from ...data import iter_batches
-from ...session import create_session
+from ...session import build_session_options, providers
 
 if TYPE_CHECKING:
     import onnx
@@ -113,16 +115,20 @@ def collect(
         for name, need in needs.items()
     }
     chunks = _chunks(needs, _tokens_per_batch(model, calib), budget_bytes)
+    # one detached copy for every chunk's session: the weights are held once, as arrays
+    # ORT reads in place (no serialized model, no ORT copy, no pre-packed copies)
+    light, blobs = weights.detach(model)
     for index, chunk in enumerate(chunks, 1):
         log.info(
             "weight-only calibration: chunk %d/%d (%d tensors)", index, len(chunks), len(chunk)
         )
-        _run_chunk(model, calib, chunk, needs, stats)
+        _run_chunk(light, blobs, calib, chunk, needs, stats)
     return stats
 
 
 def _run_chunk(
     model: onnx.ModelProto,
+    blobs: weights.Blobs,
     calib: Iterable[Any],
     chunk: list[str],
     needs: Mapping[str, Need],
@@ -137,7 +143,14 @@ def _run_chunk(
     probe.graph.output.extend(
         onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in extra
     )
-    session = create_session(probe, {}, purpose="weight-only calibration")
+    try:
+        session = weights.session(probe, blobs, build_session_options({}), providers({}))
+    except Exception as exc:
+        raise ModelError(
+            f"ONNX Runtime cannot load the model for weight-only calibration "
+            f"({type(exc).__name__}: {exc})",
+            hint="check the model with onnx.checker.check_model",
+        ) from None
     del probe
     batches = 0
     for feed, _ in iter_batches(model, calib, None):

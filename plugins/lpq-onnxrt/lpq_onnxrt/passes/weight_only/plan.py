@@ -86,6 +86,8 @@ class LmHead:
 
     name: str
     tied: bool
+    #: the embedding table initializer (the Gather's), when it is a separate initializer
+    table: str | None = None
 
 
 def find_lm_head(model: onnx.ModelProto) -> LmHead | None:
@@ -109,19 +111,21 @@ def find_lm_head(model: onnx.ModelProto) -> LmHead | None:
                 tied = bool(
                     np.array_equal(numpy_helper.to_array(weight), numpy_helper.to_array(table).T)
                 )
-                return LmHead(node.name, tied)
+                return LmHead(node.name, tied, table.name if table.name != weight.name else None)
     return None
 
 
 def decide_lm_head(
-    choices: dict[str, LayerChoice], head: LmHead | None, option: Any
+    choices: dict[str, LayerChoice], head: LmHead | None, option: Any, measurable: bool = False
 ) -> dict[str, Any] | None:
     """Apply the ``lm_head`` option to ``choices`` in place; return what was decided.
 
-    ``auto`` (default): a tied ``lm_head`` stays float (on SmolLM2 int4 RTN of the tied
-    head cost about 5 of the 12 perplexity points int4 lost), an untied one is quantized
-    as the tune_cfg says; ``fp32``: always float; ``int8``: 8-bit whatever the tune_cfg
-    says; ``tuned``: as the tune_cfg says.
+    ``auto`` (default): with calibration data (``measurable``) the head is set to int8
+    here with ``kept: "measure"``, and :func:`measure_lm_head` then keeps it int8 or float
+    by its next-token agreement; without data, a tied ``lm_head`` stays float (on SmolLM2
+    int4 RTN of the tied head cost about 5 of the 12 perplexity points int4 lost), an
+    untied one is quantized as the tune_cfg says; ``fp32``: always float; ``int8``: 8-bit
+    whatever the tune_cfg says; ``tuned``: as the tune_cfg says.
     """
     value = str(option if option is not None else "auto").lower()
     if value not in LM_HEAD_CHOICES:
@@ -133,6 +137,9 @@ def decide_lm_head(
     requested = choices.get(head.name)
     if requested is None:
         return {"name": head.name, "tied": head.tied, "kept": "fp32", "reason": "tune_cfg"}
+    if value == "auto" and measurable:
+        choices[head.name] = replace(requested, bits=8, algorithm="rtn")
+        return {"name": head.name, "tied": head.tied, "kept": "measure", "reason": "auto"}
     if value == "fp32" or (value == "auto" and head.tied):
         del choices[head.name]
         reason = "tied to the embedding: kept float" if head.tied else "lm_head=fp32"
@@ -141,3 +148,38 @@ def decide_lm_head(
         choices[head.name] = replace(requested, bits=8)
     final = choices[head.name]
     return {"name": head.name, "tied": head.tied, "kept": f"int{final.bits}", "reason": value}
+
+
+#: ``lm_head=auto`` keeps an int8 head when its next-token top-1 agreement with the float
+#: head on the calibration windows is at least this, and its mean KL at most the next.
+LM_HEAD_MIN_AGREEMENT = 0.99
+LM_HEAD_MAX_KL = 0.01
+
+
+def measure_lm_head(
+    weight: np.ndarray, hidden: np.ndarray, choice: LayerChoice, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """fp32 against int8 (RTN, ``choice``'s block) logits of the head on ``hidden`` (its
+    input rows from the calibration windows): top-1 agreement, mean KL, and whether int8
+    is kept (``options``: ``lm_head_min_agreement``, ``lm_head_max_kl``)."""
+    from lpq.weight_only import quantize_rtn
+    from lpq.weight_only.metrics import mean_kl, top1_agreement
+
+    q = quantize_rtn(weight, 8, choice.block_size, choice.symmetric).dequantize()
+    agree, kls, rows = 0.0, 0.0, 0
+    for start in range(0, len(hidden), 64):  # (64, vocab) logits at a time
+        x = np.asarray(hidden[start : start + 64], dtype=np.float32)
+        ref, cand = x @ weight, x @ q
+        agree += top1_agreement(ref, cand) * len(x)
+        kls += mean_kl(ref, cand) * len(x)
+        rows += len(x)
+    agreement, kl = agree / max(rows, 1), kls / max(rows, 1)
+    need = float(options.get("lm_head_min_agreement", LM_HEAD_MIN_AGREEMENT))
+    most = float(options.get("lm_head_max_kl", LM_HEAD_MAX_KL))
+    return {
+        "int8_top1_agreement": round(agreement, 5),
+        "int8_mean_kl": round(kl, 6),
+        "rows": rows,
+        "thresholds": {"min_agreement": need, "max_kl": most},
+        "int8": bool(rows and agreement >= need and kl <= most),
+    }

@@ -1,0 +1,247 @@
+"""Large initializers kept out of the ``ModelProto`` while the graph is worked on.
+
+A 540 MB LLM export costs a full copy every time the whole proto is serialized (an ORT
+session from bytes, onnx's shape inference and version converter, which run in C++ on
+a serialized copy), and ORT copies the initializers again (and pre-packs MatMul
+weights). Most of that work needs only the graph and the tensors' shapes. So a model is
+*detached*: its large initializers become header-only tensors (name, dims, type) marked
+as external data at :data:`DETACHED`, and their values are held once, as numpy arrays
+(``blobs``). ORT sessions get the arrays through ``add_external_initializers`` (no copy,
+no pre-packing); :func:`attach` puts them back into the proto when the data is needed
+(quantizing, saving).
+
+Nothing here changes a model passed in except :func:`attach`, which fills the proto it
+is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
+
+#: The external-data location of a detached initializer (no such file is ever written).
+DETACHED = "lpq-detached"
+#: Initializers from this size on are detached.
+MIN_BYTES = 1 << 20
+
+Blobs = dict[str, np.ndarray]
+
+
+def _np_dtype(data_type: int) -> np.dtype[Any] | None:
+    """The numpy dtype of a tensor type stored one element per item (None for packed
+    types: int4, bfloat16, float8, strings)."""
+    from onnx import TensorProto
+
+    plain = {
+        TensorProto.FLOAT: np.float32,
+        TensorProto.DOUBLE: np.float64,
+        TensorProto.FLOAT16: np.float16,
+        TensorProto.INT8: np.int8,
+        TensorProto.UINT8: np.uint8,
+        TensorProto.INT16: np.int16,
+        TensorProto.UINT16: np.uint16,
+        TensorProto.INT32: np.int32,
+        TensorProto.UINT32: np.uint32,
+        TensorProto.INT64: np.int64,
+        TensorProto.UINT64: np.uint64,
+    }
+    kind = plain.get(data_type)
+    return None if kind is None else np.dtype(kind).newbyteorder("<")
+
+
+def nbytes(tensor: onnx.TensorProto) -> int:
+    """The tensor's size from its header (0 for types :func:`detach` leaves inline)."""
+    dtype = _np_dtype(tensor.data_type)
+    return 0 if dtype is None else int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize
+
+
+def is_detached(tensor: onnx.TensorProto) -> bool:
+    return any(e.key == "location" and e.value == DETACHED for e in tensor.external_data)
+
+
+def _external(tensor: onnx.TensorProto) -> dict[str, str]:
+    from onnx import TensorProto
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return {}
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def _header(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    from onnx import TensorProto
+
+    head = TensorProto(name=tensor.name, data_type=tensor.data_type, doc_string=tensor.doc_string)
+    head.dims.extend(tensor.dims)
+    head.data_location = TensorProto.EXTERNAL
+    head.external_data.add(key="location", value=DETACHED)
+    return head
+
+
+def _value(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The tensor's values, read once (from its external file when it has one)."""
+    from onnx import numpy_helper
+
+    dtype = _np_dtype(tensor.data_type)
+    ext = _external(tensor)
+    if ext and dtype is not None and base_dir is not None:
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        offset = int(ext.get("offset", 0) or 0)
+        with open(base_dir / ext["location"], "rb") as handle:
+            handle.seek(offset)
+            value = np.fromfile(handle, dtype=dtype, count=count)
+        return value.reshape(tuple(tensor.dims))
+    return np.asarray(numpy_helper.to_array(tensor, str(base_dir or "")))
+
+
+def _copy_fields(dst: Any, src: Any, skip: str) -> None:
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # repeated (protobuf 6 has no FieldDescriptor.label)
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def detach(
+    model: onnx.ModelProto,
+    min_bytes: int | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    blobs: Blobs | None = None,
+) -> tuple[onnx.ModelProto, Blobs]:
+    """A copy of ``model`` (not modified) whose initializers of ``min_bytes`` or more are
+    header-only, and their values by name. ``base_dir`` is where external data files of
+    ``model`` are (a model loaded with ``load_external_data=False``). Initializers already
+    detached stay so, their values taken from ``blobs``."""
+    import onnx
+
+    base = Path(base_dir) if base_dir is not None else None
+    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
+    light = onnx.ModelProto()
+    _copy_fields(light, model, "graph")
+    _copy_fields(light.graph, model.graph, "initializer")
+    out: Blobs = {}
+    for init in model.graph.initializer:
+        if is_detached(init):
+            light.graph.initializer.append(init)
+            if blobs is not None and init.name in blobs:
+                out[init.name] = blobs[init.name]
+            continue
+        size = nbytes(init)
+        if size and size >= min_bytes:
+            out[init.name] = np.ascontiguousarray(_value(init, base))
+            light.graph.initializer.append(_header(init))
+        elif _external(init) and base is not None:
+            light.graph.initializer.append(_inline(init, _value(init, base)))
+        else:
+            light.graph.initializer.append(init)
+    return light, out
+
+
+def _inline(tensor: onnx.TensorProto, value: np.ndarray) -> onnx.TensorProto:
+    from onnx import numpy_helper
+
+    fresh = numpy_helper.from_array(np.asarray(value), tensor.name)
+    fresh.doc_string = tensor.doc_string
+    return fresh
+
+
+def load_detached(
+    path: str | os.PathLike[str], min_bytes: int | None = None
+) -> tuple[onnx.ModelProto, Blobs]:
+    """An ONNX file as :func:`detach` returns it, each external tensor read once."""
+    import onnx
+
+    file = Path(path)
+    proto = onnx.load(str(file), load_external_data=False)
+    return detach(proto, min_bytes, base_dir=file.parent)
+
+
+def attach(model: onnx.ModelProto, blobs: Blobs, names: Iterable[str] | None = None) -> int:
+    """Put the values of detached initializers (all, or those in ``names``) back into
+    ``model`` (in place), dropping each from ``blobs`` as it goes; return how many."""
+    from onnx import TensorProto
+
+    wanted = None if names is None else set(names)
+    done = 0
+    for init in model.graph.initializer:
+        if not is_detached(init) or (wanted is not None and init.name not in wanted):
+            continue
+        value = blobs.pop(init.name) if wanted is None else blobs[init.name]
+        del init.external_data[:]
+        init.data_location = TensorProto.DEFAULT
+        init.raw_data = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
+        done += 1
+    return done
+
+
+def has_detached(model: onnx.ModelProto) -> bool:
+    return any(is_detached(init) for init in model.graph.initializer)
+
+
+def session(
+    light: onnx.ModelProto,
+    blobs: Mapping[str, np.ndarray],
+    opts: onnxruntime.SessionOptions,
+    providers: list[str],
+    **kwargs: Any,
+) -> onnxruntime.InferenceSession:
+    """An ORT session of a detached model: the arrays are handed to ORT as they are
+    (``add_external_initializers``, no copy) and pre-packing is off (it copies every
+    MatMul weight). The arrays are kept alive with the session."""
+    import onnxruntime as ort
+
+    names = [init.name for init in light.graph.initializer if is_detached(init)]
+    values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(blobs[n])) for n in names]
+    if names:
+        opts.add_external_initializers(names, values)
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    made = ort.InferenceSession(light.SerializeToString(), opts, providers=providers, **kwargs)
+    made._lpq_keepalive = values  # type: ignore[attr-defined]  # ORT reads the buffers
+    return made
+
+
+def write_split(
+    model: onnx.ModelProto, data_file: Path, location: str, min_bytes: int = 1024
+) -> onnx.ModelProto:
+    """Write ``model``'s initializers of ``min_bytes`` or more to ``data_file`` (one tensor
+    at a time, each at a 4 KiB-aligned offset) and return a copy of ``model`` that refers
+    to them at ``location``; ``model`` is not modified and never copied whole."""
+    import onnx
+    from onnx import TensorProto
+
+    light = onnx.ModelProto()
+    _copy_fields(light, model, "graph")
+    _copy_fields(light.graph, model.graph, "initializer")
+    with open(data_file, "wb") as handle:
+        for init in model.graph.initializer:
+            if nbytes(init) < min_bytes or not init.HasField("raw_data"):
+                light.graph.initializer.append(init)
+                continue
+            offset = -handle.tell() % 4096
+            handle.write(b"\0" * offset)
+            start = handle.tell()
+            handle.write(init.raw_data)
+            head = _header(init)
+            del head.external_data[:]
+            head.data_location = TensorProto.EXTERNAL
+            for key, value in (
+                ("location", location),
+                ("offset", str(start)),
+                ("length", str(handle.tell() - start)),
+            ):
+                head.external_data.add(key=key, value=value)
+            light.graph.initializer.append(head)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return light
