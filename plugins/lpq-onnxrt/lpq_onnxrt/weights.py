@@ -40,7 +40,7 @@ def _np_dtype(data_type: int) -> np.dtype[Any] | None:
     types: int4, bfloat16, float8, strings)."""
     from onnx import TensorProto
 
-    plain = {
+    plain: dict[int, type[Any]] = {
         TensorProto.FLOAT: np.float32,
         TensorProto.DOUBLE: np.float64,
         TensorProto.FLOAT16: np.float16,
@@ -207,7 +207,7 @@ def session(
         opts.add_external_initializers(names, values)
         opts.add_session_config_entry("session.disable_prepacking", "1")
     made = ort.InferenceSession(light.SerializeToString(), opts, providers=providers, **kwargs)
-    made._lpq_keepalive = values  # type: ignore[attr-defined]  # ORT reads the buffers
+    made._lpq_keepalive = values  # ORT reads the buffers
     return made
 
 
