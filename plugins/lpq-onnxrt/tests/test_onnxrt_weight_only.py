@@ -309,7 +309,49 @@ def test_lm_head_int8_on_request(pm, decoder):
     qmodel = pm.quantize(FW, decoder, cfg, None)
     found = pm.quantized_ops(FW, qmodel)
     assert found["lm_head"] == "int8" and found["l1.down_proj"] == "int4"
-    assert read_report(qmodel.proto)["lm_head"]["kept"] == "int8"
+    report = read_report(qmodel.proto)
+    assert report["lm_head"]["kept"] == "int8"
+    # the int8 accuracy_level is timed on a decoder MatMul, not on the head
+    timed = report["accuracy_level"]["int8"]
+    assert timed["layer"] != "lm_head" and "proj" in timed["layer"]
+    assert timed["shape"][1] != V
+
+
+def test_accuracy_level_layer_is_a_capped_decoder_matmul():
+    from lpq_onnxrt.passes.weight_only import accuracy_level as levels
+
+    cap = levels.MAX_TIMED_WEIGHTS
+    shapes = {"head": (576, 49152), "up": (576, 1536), "q": (576, 576), "huge": (4096, 4096)}
+    assert levels.representative(shapes, {"head"}, {"head"}) == "up"  # head excluded
+    assert levels.representative(shapes, {"head"}, {"q"}) == "q"  # this bit width first
+    assert levels.representative({"huge": (4096, 4096)}, set(), set()) == "huge"
+    assert 576 * 1536 <= cap < 576 * 49152
+    assert levels.representative({"head": (576, 49152)}, {"head"}, {"head"}) is None
+
+
+def test_accuracy_level_error_on_weights_already_on_the_grid():
+    """SmolLM2's lm_head is exactly on the int8 sym grid (Q8_0 source): the weight error is
+    0, and dividing by it reported "extra error 9.7e13". The grid floor keeps it O(1)."""
+    from lpq.weight_only import dequantize_blocks, quantize_rtn
+    from lpq_onnxrt.passes.weight_only import accuracy_level as levels
+
+    rng = np.random.default_rng(0)
+    k, n = 64, 96
+    codes = rng.integers(-127, 128, (k, n)).astype(np.float32)
+    codes[::32] = 127  # each block's absmax on the grid's end: RTN reproduces the codes
+    weight = (codes * np.repeat(rng.uniform(1e-3, 2e-3, (k // 32, n)), 32, 0)).astype(np.float32)
+    quantized = quantize_rtn(weight, 8, 32, True)
+    deq = dequantize_blocks(
+        quantized.codes, quantized.scales, quantized.zero_points, quantized.block_size
+    )
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    assert np.linalg.norm(x @ weight - x @ deq) <= 1e-5 * np.linalg.norm(x @ weight)
+    levels._CACHE.clear()
+    result = levels.measure(weight, quantized, x)
+    assert 0.0 <= result["extra_error"] < 10, result  # was ~1e13
+    assert result["extra_rel"] < 0.02 and result["weight_rel"] < 1e-5
+    assert levels.grid_error(x, quantized) > 0
+    levels._CACHE.clear()
 
 
 def test_gptq_beats_rtn_on_correlated_inputs(pm):

@@ -76,13 +76,14 @@ def weight_only_pass(
     if pending and head is not None:
         _decide_measured_head(model, head.name, head_input, choices, stats, options, report)
     awq = _run_awq(model, choices, stats, options, report)
+    _measure_levels(model, choices, head.name if head is not None else None, stats, options, report)
     for index, (name, choice) in enumerate(choices.items(), 1):
         node = next(n for n in model.graph.node if n.name == name)
         weight = _weight(model, node)
         quantized = awq.pop(name, None)
         if quantized is None:
             quantized = _quantize(weight, choice, stats.get(node.input[0]), options)
-        level = _level(weight, quantized, stats.get(node.input[0]), options, report)
+        level = _level(quantized.bits, options, report)
         replace_matmul(model, node, quantized, level)
         entry = {**choice.to_json(), "accuracy_level": level}
         report["layers"][name] = {**report["layers"].get(name, {}), **entry}
@@ -313,27 +314,69 @@ def _awq_group(
     return out
 
 
-def _level(
-    weight: np.ndarray,
-    quantized: BlockQuantized,
-    stats: TensorStats | None,
+def _fixed_level(options: Mapping[str, Any]) -> int | None:
+    """The ``accuracy_level`` option as an int, or None for ``auto``."""
+    value = options.get("accuracy_level", "auto")
+    if value in (None, "auto"):
+        return None
+    level = int(value)
+    if not 0 <= level <= 4:
+        raise ConfigError(f"accuracy_level must be 0..4 or auto, got {value!r}", hint="use auto")
+    return level
+
+
+def _measure_levels(
+    model: onnx.ModelProto,
+    choices: Mapping[str, LayerChoice],
+    head: str | None,
+    stats: Mapping[str, TensorStats],
     options: Mapping[str, Any],
     report: dict[str, Any],
-) -> int:
-    """``accuracy_level`` for this layer: the option, or measured once per bit width."""
-    value = options.get("accuracy_level", "auto")
-    if value not in (None, "auto"):
-        level = int(value)
-        if not 0 <= level <= 4:
-            raise ConfigError(
-                f"accuracy_level must be 0..4 or auto, got {value!r}", hint="use auto"
-            )
-        return level
-    key = f"int{quantized.bits}"
-    if key not in report["accuracy_level"]:
-        sample = stats.sample() if stats is not None and stats.rows else None
-        report["accuracy_level"][key] = levels.measure(weight, quantized, sample)
-    return int(report["accuracy_level"][key]["chosen"])
+) -> None:
+    """``accuracy_level`` per bit width (``auto``), timed on a representative decoder
+    MatMul (:func:`.accuracy_level.representative`: never lm_head or a Gather, capped in
+    size) quantized RTN with that bit width's block and scheme; results in ``report``."""
+    if _fixed_level(options) is not None:
+        return
+    from onnx import numpy_helper
+
+    inits = {init.name: init for init in model.graph.initializer}
+    nodes = {
+        node.name: node
+        for node in model.graph.node
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits
+    }
+    shapes = {
+        name: (int(inits[n.input[1]].dims[0]), int(inits[n.input[1]].dims[1]))
+        for name, n in nodes.items()
+        if len(inits[n.input[1]].dims) == 2
+    }
+    exclude = {head} if head is not None else set()
+    for bits in sorted({c.bits for c in choices.values()}):
+        mine = {name for name, c in choices.items() if c.bits == bits}
+        first = choices[next(name for name in choices if name in mine)]
+        name = levels.representative(shapes, exclude, mine)
+        if name is None:  # only the head: a column slice of it
+            name = next(iter(mine))
+            if name not in shapes:
+                continue
+        node = nodes[name]
+        weight = np.asarray(numpy_helper.to_array(inits[node.input[1]]), dtype=np.float32)
+        cols = max(1, levels.MAX_TIMED_WEIGHTS // weight.shape[0])
+        weight = np.ascontiguousarray(weight[:, :cols])
+        quantized = quantize_rtn(weight, bits, first.block_size, first.symmetric)
+        found = stats.get(node.input[0])
+        sample = found.sample() if found is not None and found.rows else None
+        result = levels.measure(weight, quantized, sample)
+        report["accuracy_level"][f"int{bits}"] = {**result, "layer": name}
+
+
+def _level(bits: int, options: Mapping[str, Any], report: dict[str, Any]) -> int:
+    """``accuracy_level`` for a layer of ``bits``: the option, or the measured one."""
+    fixed = _fixed_level(options)
+    if fixed is not None:
+        return fixed
+    return int(report["accuracy_level"].get(f"int{bits}", {}).get("chosen", 0))
 
 
 def _write_report(model: onnx.ModelProto, report: Mapping[str, Any]) -> None:
