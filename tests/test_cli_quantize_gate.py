@@ -158,3 +158,25 @@ def test_a_model_that_quantized_nothing_is_not_written(capsys, tmp_path):
     assert code != 0, text
     assert "nothing written" in text
     assert not out.exists()
+
+
+def test_quantize_prints_its_stages_when_piped(tmp_path):
+    """Piped output (CI logs, `| tee`) shows the stages as they happen, lpq's and the
+    adaptor's, each once."""
+    import subprocess
+    import sys
+
+    from lpq_onnxrt.examples import digits_example
+
+    files = digits_example()
+    argv = [sys.executable, "-m", "lpq", "quantize", str(files["model"])]
+    argv += ["--calib", str(files["calib"]), "--out", str(tmp_path / "q.onnx")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "lpq: quantizing..."
+    assert any(line.startswith("calibrating ") for line in lines)  # the adaptor's stage
+    assert not any(line.startswith("INFO:") for line in lines), "each stage printed once"
+    assert lines.index("lpq: quantizing...") < next(
+        i for i, line in enumerate(lines) if line.startswith("quantized ")
+    )

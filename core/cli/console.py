@@ -87,19 +87,43 @@ def run_progress(console: Any, total_trials: int) -> Iterator[Callable[[str], No
             visible=True,
         )
 
-    handler = _ConsoleLog(console)
-    logger = logging.getLogger("lpq")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-
     def advance(description: str) -> None:
         progress.update(trials, advance=1, description=description)
         progress.update(data, visible=False)
 
+    with stage_lines(console), progress, listening(on_data):
+        yield advance
+
+
+def _plugin_packages() -> list[str]:
+    """The top-level packages of the installed plugins (``lpq_onnxrt``, ...), whose
+    modules log the stages of their own work (calibration, latency decisions)."""
+    from ..plugins.manager import get_plugin_manager
+
+    packages = {
+        record.entry_point.partition(":")[0].split(".")[0]
+        for record in get_plugin_manager().records()
+        if record.entry_point
+    }
+    return sorted(packages)
+
+
+@contextmanager
+def stage_lines(console: Any) -> Iterator[None]:
+    """Print the INFO lines of lpq and of its plugins (the stages of a run) on ``console``
+    for the block, also when output is a file or a pipe."""
+    handler = _ConsoleLog(console)
+    loggers = [logging.getLogger(name) for name in ["lpq", *_plugin_packages()]]
+    saved = [(logger.level, logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        # once on the console: a root handler (a library's basicConfig) would print it again
+        logger.propagate = False
     try:
-        with progress, listening(on_data):
-            yield advance
+        yield
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+        for logger, (level, propagate) in zip(loggers, saved):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate

@@ -307,7 +307,7 @@ def quantize_command(
         check_out_file,
         probe_data,
     )
-    from .console import make_console
+    from .console import make_console, stage_lines
 
     console = make_console()
     pm = get_plugin_manager()
@@ -333,7 +333,8 @@ def quantize_command(
             pm, framework, model, calib_data, eval_data, kw
         )
     _progress(console, "quantizing")
-    result = quantize(model, _build_config(kw), calib_data)
+    with stage_lines(console):
+        result = quantize(model, _build_config(kw), calib_data)
     quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
     counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
     _refuse_unquantized(result, quantized, source)
