@@ -13,7 +13,7 @@ import pytest
 
 import lpq
 from lpq import TopK
-from lpq_onnxrt import model_io, persist
+from lpq_onnxrt import persist
 
 FW = "onnxrt"
 
@@ -192,8 +192,7 @@ def test_fp32_models_save_and_load_as_protos(pm, lpq_sample_model, tmp_path):
 
 
 def test_large_models_are_saved_with_external_data(pm, qmodel, tmp_path, monkeypatch, eval_loader):
-    monkeypatch.setattr(model_io, "PROTO_LIMIT", 1000)  # treat the digits net as "large"
-    monkeypatch.setattr(persist.model_io, "PROTO_LIMIT", 1000)
+    monkeypatch.setattr(persist, "EXTERNAL_ABOVE", 1000)  # treat the digits net as "large"
     written = pm.save_model(FW, qmodel, tmp_path / "big.onnx")
     data = tmp_path / "big.onnx.data"
     assert data.is_file() and data.stat().st_size > written.stat().st_size
