@@ -171,3 +171,71 @@ def fit_fake(model: Any, conf: Any, tmp_path: Path) -> Any:
         eval_dataloader=[(np.zeros((1000, 1), np.float32), np.arange(1000) % 10)],
         workspace=tmp_path / "ws",
     )
+
+
+# --------------------------------------------------------------------------- examples/
+
+
+def example_project(example: Path) -> dict[str, Any]:
+    """The ``[project]`` table of an example plugin under ``examples/``."""
+    project: dict[str, Any] = tomllib.loads((example / "pyproject.toml").read_text())["project"]
+    return project
+
+
+def add_example_distribution(site: FakeSite, example: Path) -> None:
+    """Write ``example``'s real metadata (name, version, requirements, ``lpq`` entry
+    points) into ``site`` as an installed distribution; the caller puts its folder on
+    the path."""
+    project = example_project(example)
+    name, version = project["name"], project["version"]
+    info = site.path / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    requires = "".join(f"Requires-Dist: {r}\n" for r in project["dependencies"])
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}"
+    )
+    entry_points = "".join(f"{k} = {v}\n" for k, v in project["entry-points"]["lpq"].items())
+    (info / "entry_points.txt").write_text(f"[lpq]\n{entry_points}")
+
+
+@dataclass
+class WheelContents:
+    names: list[str]
+    entry_points: str
+    requires: list[Any]  # packaging Requirements from Requires-Dist
+
+
+def build_example_wheel(example: Path, tmp_path: Path) -> WheelContents:
+    """Build ``example``'s wheel (from a copy: building leaves build/ and *.egg-info behind)
+    offline, and read back its files, entry points and requirements."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    source = tmp_path / "src"
+    shutil.copytree(example, source, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"),
+            *("wheel", "--no-deps", "--no-build-isolation", "--no-index"),
+            *("-w", str(tmp_path), str(source)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    distribution = example_project(example)["name"].replace("-", "_")
+    (wheel,) = tmp_path.glob(f"{distribution}-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        metadata_file = next(n for n in names if n.endswith("METADATA"))
+        requires = [
+            Requirement(line.removeprefix("Requires-Dist: "))
+            for line in archive.read(metadata_file).decode().splitlines()
+            if line.startswith("Requires-Dist: ")
+        ]
+        return WheelContents(names, archive.read(entry_points).decode(), requires)

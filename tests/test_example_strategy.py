@@ -8,16 +8,13 @@ fake installed distribution) for the packaging. A slow test builds its wheel.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from core_testutil import REPO, FakeSite
+from core_testutil import REPO, FakeSite, add_example_distribution, build_example_wheel
 from packaging.requirements import Requirement
 
 import lpq
@@ -166,15 +163,7 @@ def test_split_keeps_order_and_sizes():
 @pytest.fixture
 def example_site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
     """The example as an installed distribution: its real metadata, its folder on the path."""
-    info = fake_site.path / f"{PROJECT['name'].replace('-', '_')}-{PROJECT['version']}.dist-info"
-    info.mkdir()
-    requires = "".join(f"Requires-Dist: {r}\n" for r in PROJECT["dependencies"])
-    name, version = PROJECT["name"], PROJECT["version"]
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}"
-    )
-    entry_points = "".join(f"{k} = {v}\n" for k, v in PROJECT["entry-points"]["lpq"].items())
-    (info / "entry_points.txt").write_text(f"[lpq]\n{entry_points}")
+    add_example_distribution(fake_site, EXAMPLE)
     monkeypatch.syspath_prepend(str(EXAMPLE))
     return fake_site
 
@@ -195,30 +184,7 @@ def test_the_example_is_found_through_its_entry_point(example_site: FakeSite) ->
 
 @pytest.mark.slow
 def test_the_example_builds_a_wheel_with_its_entry_point(tmp_path: Path) -> None:
-    source = tmp_path / "src"  # a copy: building leaves build/ and *.egg-info behind
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"),
-            *("wheel", "--no-deps", "--no-build-isolation", "--no-index"),
-            *("-w", str(tmp_path), str(source)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = tmp_path.glob("lpq_example_strategy-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        names = archive.namelist()
-        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        metadata = next(n for n in names if n.endswith("METADATA"))
-        assert (
-            "example-strategy = lpq_example_strategy.plugin" in archive.read(entry_points).decode()
-        )
-        requires = [
-            Requirement(line.removeprefix("Requires-Dist: "))
-            for line in archive.read(metadata).decode().splitlines()
-            if line.startswith("Requires-Dist: ")
-        ]
-        assert Requirement(REQUIRES_CORE) in requires
-    assert "lpq_example_strategy/bisection.py" in names
+    wheel = build_example_wheel(EXAMPLE, tmp_path)
+    assert "example-strategy = lpq_example_strategy.plugin" in wheel.entry_points
+    assert Requirement(REQUIRES_CORE) in wheel.requires
+    assert "lpq_example_strategy/bisection.py" in wheel.names
