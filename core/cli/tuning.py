@@ -119,7 +119,7 @@ _FORCE = click.option(
 )
 
 
-def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+def _parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
     """``("latency_batch_size=8", ...)`` -> ``{"latency_batch_size": 8}``."""
     import yaml
 
@@ -127,7 +127,7 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=flag)
         try:
             options[key.strip()] = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
@@ -475,6 +475,15 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     "(docs/tuning.md compares them).",
 )
 @click.option(
+    "--strategy-option",
+    "strategy_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda ctx, param, value: _parse_options(value, "--strategy-option"),
+    help="An option of the strategy, e.g. --strategy-option fallback_rate=0.3 for random "
+    "(repeat; VALUE is read as YAML; the strategy's docs list its options).",
+)
+@click.option(
     "--max-trials",
     type=click.IntRange(min=1),
     default=50,
@@ -551,6 +560,7 @@ def tune_command(
     tolerable_loss: float,
     absolute: bool,
     strategy: str,
+    strategy_options: dict[str, Any],
     max_trials: int,
     timeout: float,
     objective: str,
@@ -615,6 +625,7 @@ def tune_command(
     model = _model_arg(model)
     executor = "ray" if ray_address else executor
     check_names(pm, strategy=strategy, metric=metric, backend=kw.get("backend"), executor=executor)
+    pm.create_strategy(strategy, **strategy_options)  # its options are checked now, not later
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
     check_data_paths(calib, eval_data)
@@ -635,6 +646,7 @@ def tune_command(
         ),
         TuningCriterion(
             strategy=strategy,
+            strategy_options=strategy_options,
             max_trials=max_trials,
             timeout=timeout,
             objective=objective,  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pluggy
 
 from .. import hookspecs
-from ..errors import NoAdaptorError, PluginError
+from ..errors import ConfigError, NoAdaptorError, PluginError
 from ..eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, Postprocess
 from ..plan.capability import FrameworkCapability
 from ..plan.tune_config import TuneConfig
@@ -264,8 +264,20 @@ class PluginManager:
         return metric
 
     def create_strategy(self, name: str, **kwargs: Any) -> Any:
+        """The strategy ``name`` made with the user's ``strategy_options``; a keyword its
+        factory does not take is a :class:`ConfigError` naming it (not a bare TypeError)."""
         self.load()
-        return self.strategies.get_or_raise(name)(**kwargs)
+        factory = self.strategies.get_or_raise(name)
+        try:
+            return factory(**kwargs)
+        except TypeError as exc:
+            if not kwargs:
+                raise
+            raise ConfigError(
+                f"strategy {name!r} does not take the options {sorted(kwargs)}: {exc}",
+                hint="check the --strategy-option / strategy_options keys against the "
+                "strategy's documentation",
+            ) from exc
 
     def create_executor(self, name: str, **kwargs: Any) -> Any:
         self.load()
