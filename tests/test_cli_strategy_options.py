@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from test_cli_tuning import small_mlp
 
 import lpq
 from lpq.cli import main
 from lpq.plugins.manager import get_plugin_manager
-
-from test_cli_tuning import mlp_files  # noqa: F401  (fixture)
 
 SEEN: list[dict[str, Any]] = []
 
@@ -35,6 +35,19 @@ class _Plugin:
     @lpq.hookimpl
     def lpq_register_strategies(self, register: Any) -> None:
         register("strict-test", StrictStrategy)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", input=rng.normal(size=(32, 16)).astype(np.float32))
+    evals = rng.normal(size=(32, 16)).astype(np.float32)
+    np.savez(tmp_path / "eval.npz", input=evals)  # no labels: agreement with fp32
+    return {
+        "model": small_mlp(tmp_path / "mlp.onnx"),
+        "calib": tmp_path / "calib.npz",
+        "eval": tmp_path / "eval.npz",
+    }
 
 
 @pytest.fixture
@@ -70,9 +83,12 @@ def _argv(files: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_strategy_option_reaches_the_factory_typed_and_is_recorded(
-    mlp_files, tmp_path, capsys, strict_strategy  # noqa: F811
+    files,
+    tmp_path,
+    capsys,
+    strict_strategy,
 ):
-    code = main(_argv(mlp_files, tmp_path, "--strategy-option", "step=3"))
+    code = main(_argv(files, tmp_path, "--strategy-option", "step=3"))
     captured = capsys.readouterr()
     assert code == 0, captured.out + captured.err
     assert SEEN and all(seen == {"step": 3} for seen in SEEN)  # YAML: 3 is an int
@@ -81,9 +97,12 @@ def test_strategy_option_reaches_the_factory_typed_and_is_recorded(
 
 
 def test_unknown_strategy_option_is_an_error_before_any_work(
-    mlp_files, tmp_path, capsys, strict_strategy  # noqa: F811
+    files,
+    tmp_path,
+    capsys,
+    strict_strategy,
 ):
-    code = main(_argv(mlp_files, tmp_path, "--strategy-option", "stride=3"))
+    code = main(_argv(files, tmp_path, "--strategy-option", "stride=3"))
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert code != 0
@@ -92,8 +111,8 @@ def test_unknown_strategy_option_is_an_error_before_any_work(
     assert not (tmp_path / "out.onnx").exists()
 
 
-def test_malformed_strategy_option_names_the_flag(mlp_files, tmp_path, capsys):  # noqa: F811
-    code = main(_argv(mlp_files, tmp_path, "--strategy-option", "nonsense"))
+def test_malformed_strategy_option_names_the_flag(files, tmp_path, capsys):
+    code = main(_argv(files, tmp_path, "--strategy-option", "nonsense"))
     captured = capsys.readouterr()
     assert code != 0
     assert "--strategy-option" in captured.out + captured.err

@@ -390,9 +390,13 @@ def _held_out(
         return None, None, ""  # dynamic / weight-only without data: nothing to check on
     calib_part, held = split_held_out(calib_data)
     share = f"{HELD_OUT_SHARE:.0%}"
-    return calib_part, held, (
-        f"the last {held.num_samples} of {calib_data.num_samples} --calib samples "
-        f"({share}, not calibrated on)"
+    return (
+        calib_part,
+        held,
+        (
+            f"the last {held.num_samples} of {calib_data.num_samples} --calib samples "
+            f"({share}, not calibrated on)"
+        ),
     )
 
 
