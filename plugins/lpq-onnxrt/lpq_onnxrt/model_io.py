@@ -239,13 +239,37 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
+@functools.cache
+def _symbolic_shape_inference() -> Any:
+    """ORT's ``SymbolicShapeInference`` class, loaded without ``onnxruntime.tools``'s
+    ``__init__``: that imports ``torch`` when it is installed (for an export helper lpq
+    never uses), which cost 250 MB of resident memory and 1-3 s of CPU in every
+    ``lpq quantize`` (ddddocr det: peak 698 MB, of which torch 250). The module itself
+    needs only numpy, onnx, packaging and sympy."""
+    import importlib.util
+    import sys
+
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    if name in sys.modules:  # imported already (by the user, or ORT's own tools)
+        return sys.modules[name].SymbolicShapeInference
+    package = importlib.util.find_spec("onnxruntime")
+    location = package.submodule_search_locations if package is not None else None
+    path = Path(next(iter(location or [])), "tools", "symbolic_shape_infer.py")
+    spec = importlib.util.spec_from_file_location("_lpq_onnxrt_symbolic_shape_infer", path)
+    if spec is None or spec.loader is None or not path.is_file():  # a differently laid out ORT
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        return SymbolicShapeInference
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ORT's symbolic shape inference, or None when it does not infer every shape."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     if opset_of(model) < 7:
         return None
-    inference = SymbolicShapeInference(2**31 - 1, True, True, 0)
+    inference = _symbolic_shape_inference()(2**31 - 1, True, True, 0)
     inference._preprocess(model)
     complete = False
     for _ in range(64):  # ORT loops until no merge is suggested; bound it all the same

@@ -93,29 +93,44 @@ def test_onnx_default_ir_and_opset_are_normalised(pm):
 
 
 def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
-    from onnxruntime.tools import symbolic_shape_infer
+    inference = model_io._symbolic_shape_inference()
 
     def broken(*args, **kwargs):
         raise RuntimeError("symbolic inference failed")
 
-    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", broken)
+    monkeypatch.setattr(inference, "_infer_impl", broken)
     inferred = model_io.infer_shapes(_unnamed_model())
     assert "a" in {vi.name for vi in inferred.graph.value_info}
 
 
 def test_incomplete_symbolic_inference_leaves_no_file_in_the_cwd(monkeypatch, tmp_path):
     """ORT's infer_shapes writes sym_shape_infer_temp.onnx into the cwd when it gives up."""
-    from onnxruntime.tools import symbolic_shape_infer
+    inference = model_io._symbolic_shape_inference()
 
     def gives_up(self, *args):
         self.run_ = False
         return False  # "not every shape inferred"
 
-    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", gives_up)
+    monkeypatch.setattr(inference, "_infer_impl", gives_up)
     monkeypatch.chdir(tmp_path)
     inferred = model_io.infer_shapes(_unnamed_model())
     assert "a" in {vi.name for vi in inferred.graph.value_info}  # onnx's inference took over
     assert list(tmp_path.iterdir()) == []
+
+
+def test_preparing_a_model_does_not_import_torch(tmp_path):
+    """``onnxruntime.tools``' ``__init__`` imports torch when it is installed (250 MB of
+    resident memory); shape inference loads ORT's symbolic inference without it."""
+    pytest.importorskip("torch")
+    path = tmp_path / "m.onnx"
+    onnx.save(_unnamed_model(), str(path))
+    code = (
+        "import sys; from lpq_onnxrt import model_io; "
+        f"prepared = model_io.prepare({str(path)!r}); "
+        "assert prepared.model.graph.value_info, 'no shapes inferred'; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_prepare_is_cached_per_content(monkeypatch):
