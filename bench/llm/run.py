@@ -70,12 +70,25 @@ def child_build(name: str, cache: Path, out_dir: Path) -> None:
 
         path = out_dir / "model.pt"
         try:
-            torch.save(made, path)
+            torch.save(without_repr_hooks(made), path)
             record = {"kind": "torch", "path": str(path)}
         except Exception as exc:  # some quantized modules do not pickle
             path.unlink(missing_ok=True)  # the driver rebuilds it in-process instead
             record = {"kind": "torch-rebuild", "path": str(out_dir), "why": str(exc)[:200]}
     (out_dir / "built.json").write_text(json.dumps(record))
+
+
+def without_repr_hooks(module: Any) -> Any:
+    """Drop the per-instance ``extra_repr`` that torchao's ``quantize_`` sets, in place.
+
+    ``quantize_`` replaces ``module.extra_repr`` on each quantized Linear with a bound
+    method over a ``functools.partial``; pickle needs the function's ``__name__``, which
+    a partial lacks, so ``torch.save`` of the whole model fails. It only changes how the
+    module prints: the class's own ``extra_repr`` takes over again.
+    """
+    for sub in module.modules():
+        sub.__dict__.pop("extra_repr", None)
+    return module
 
 
 def kv_layout(cache: Path) -> tuple[int, int]:
@@ -141,6 +154,7 @@ def load(name: str, row: dict[str, Any], kv: tuple[int, int], cache: Path) -> An
         builds, _, _ = registry()
         ctx = llm_model.BuildContext(cache, Path(row["path"]), np.load(cache / "calib.npy"), *kv)
         row["kind"] = "torch"
+        row["load_note"] = "built again in the driver (did not pickle); size not measured"
         return measure.TorchDecoder(builds[name](ctx))
     return measure.TorchDecoder(torch.load(row["path"], weights_only=False))
 
@@ -172,8 +186,9 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 12]
     for name, r in rows.items():
         note = r.get("error") or (f"by {r['dominated_by']}" if r.get("dominated_by") else "")
-        if r.get("decode_note"):
-            note = (note + "; " if note else "") + r["decode_note"]
+        for extra in ("load_note", "decode_note"):
+            if r.get(extra):
+                note = (note + "; " if note else "") + r[extra]
         lines.append(
             f"| {name} | {fmt(r.get('perplexity'), '.2f')} | {fmt(r.get('ppl_delta_pct'), '+.1f')} "
             f"| {fmt(r.get('top1_agreement'), '.3f')} | {fmt(r.get('mean_kl'), '.3f')} "
@@ -265,9 +280,10 @@ def main() -> None:
             perplexity=acc.perplexity, top1_agreement=acc.top1_agreement, mean_kl=acc.mean_kl
         )
         path = Path(row["path"])
-        row["size_mb"] = (
-            measure.size_mb(path) if row["kind"] == "onnx" else path.stat().st_size / 1e6
-        )
+        if row["kind"] == "onnx":
+            row["size_mb"] = measure.size_mb(path)
+        elif path.is_file():  # a rebuilt torch row has no file: size unknown
+            row["size_mb"] = path.stat().st_size / 1e6
         print(
             f"[accuracy] {name}: ppl {acc.perplexity:.3f} agree {acc.top1_agreement:.3f}",
             flush=True,
