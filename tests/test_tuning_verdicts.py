@@ -136,3 +136,43 @@ def test_timeout_starts_no_trial_that_cannot_finish(lpq_plugin, tmp_path, timeou
     run_trials = [t for t in result.trials if t.status == "ok"]
     assert sum(t.duration_s for t in run_trials) <= timeout + SlowQuantize.seconds
     assert elapsed < 30
+
+
+class StuckAfterDefault(FakeAdaptorPlugin):
+    """The default config quantizes at once; any config with an op fallen back takes a
+    minute (a trial that hits a slow path long after the limit)."""
+
+    stuck_s = 60.0
+
+    @hookimpl
+    def lpq_quantize(self, framework: str, model: Any, tune_cfg: Any, calib_dataloader: Any,
+                     train_func: Any) -> Any:
+        if framework != FRAMEWORK:
+            return None
+        if len(tune_cfg.quantized_ops()) < len(model.ops):
+            time.sleep(self.stuck_s)
+        return FakeQuantizedModel(model, tune_cfg)
+
+
+@pytest.mark.parametrize("executor", ["serial", "process"])
+def test_timeout_stops_a_running_trial_at_the_limit(lpq_plugin, tmp_path, executor):
+    plugin = StuckAfterDefault(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    # op "a" ruins accuracy: the default misses the goal and the next trials fall ops back
+    model = FakeModel(ops=[("a", "Conv"), ("b", "MatMul")], sensitivity={"a": 0.3})
+    started = time.monotonic()
+    result = _fit(model, tmp_path, max_trials=10, timeout=3.0, workers=2, executor=executor)
+    elapsed = time.monotonic() - started
+    assert elapsed < StuckAfterDefault.stuck_s / 2, "the stuck trial ran to its end"
+    assert "stopped at the limit" in result.stop_reason
+    # what finished is kept (configs with every op int8), the stopped trials (an op
+    # fallen back: they hang) are not recorded
+    assert result.trials and all(t.status == "ok" for t in result.trials)
+    assert all(len(t.config().quantized_ops()) == 2 for t in result.trials)
+    # a re-run without the limit (and no longer stuck) resumes: what finished is replayed,
+    # the trials stopped before run now and reach the goal
+    plugin.stuck_s = 0
+    again = _fit(model, tmp_path, max_trials=10, timeout=0, workers=2, executor=executor)
+    assert again.goal_met
+    replayed = {t.fingerprint for t in again.trials if t.resumed}
+    assert {t.fingerprint for t in result.trials} <= replayed

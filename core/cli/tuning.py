@@ -499,7 +499,9 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     "--timeout",
     type=click.FloatRange(min=0),
     default=0,
-    help="Stop proposing trials after this many seconds (0: no limit).",
+    help="A limit in seconds (0: none): no trial starts that the trials so far say cannot "
+    "finish inside it, and trials still running at the limit are stopped (not recorded: "
+    "re-running with a larger --timeout resumes and runs them).",
 )
 @click.option(
     "--objective",

@@ -25,6 +25,7 @@ from ..errors import DataError
 from ..plan.tune_config import OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
 from ..strategy.base import Candidate, StopTuning, Strategy, TuningContext
+from .deadline import DeadlineReached, deadline
 from .executors import Executor, TrialOutcome
 from .history import TuningHistory
 from .records import TrialRecord
@@ -230,9 +231,13 @@ class TuningDriver(TuningContext):
                     to_run.append(spec)
                     results.append(None)
         arrived: list[tuple[TrialRecord, Any]] = []
-        for outcome in self._execute(to_run):  # recorded the moment each one finishes
-            self._record(outcome.record)
-            arrived.append((outcome.record, outcome.model))
+        try:
+            with deadline(self._time_left()):
+                for outcome in self._execute(to_run):  # recorded the moment each one finishes
+                    self._record(outcome.record)
+                    arrived.append((outcome.record, outcome.model))
+        except DeadlineReached:
+            self._stop_running_trials(to_run, arrived)
         for record, model in sorted(arrived, key=lambda item: item[0].index):
             self._track(record, model)  # in id order: ties resolve the same in any executor
         final = [
@@ -262,6 +267,30 @@ class TuningDriver(TuningContext):
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason
         raise StopTuning(reason)
+
+    def _time_left(self) -> float | None:
+        """Seconds until ``--timeout`` (None without one)."""
+        timeout = self.config.tuning_criterion.timeout
+        if not timeout:
+            return None
+        return max(timeout - (time.monotonic() - self.started), 0.001)
+
+    def _stop_running_trials(
+        self, specs: list[TrialSpec], arrived: list[tuple[TrialRecord, Any]]
+    ) -> None:
+        """The limit ran out mid-batch: stop the executor's workers, keep what finished
+        (recorded already), stop tuning. The stopped trials are not recorded, so a re-run
+        with a larger ``--timeout`` resumes and runs them (:mod:`lpq.tuning.deadline`)."""
+        self.executor.abort()
+        done = {record.index for record, _ in arrived}
+        stopped = [spec.index for spec in specs if spec.index not in done]
+        for record, model in sorted(arrived, key=lambda item: item[0].index):
+            self._track(record, model)
+        timeout = self.config.tuning_criterion.timeout
+        self._stop(
+            f"timeout ({timeout:g} s) reached: trial {', '.join(map(str, stopped))} stopped "
+            "at the limit and not recorded (re-run with a larger --timeout to run it)"
+        )
 
     def _stop_if_no_time_for_a_trial(self) -> None:
         """``--timeout`` is a limit: no trial starts that the trials so far say cannot

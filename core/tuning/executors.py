@@ -66,6 +66,12 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027  (optional: most executors hold nothing)
         """Release workers; called once at the end of the run (also on errors)."""
 
+    def abort(self) -> None:
+        """Stop the trials running now, at once (the tuning time limit ran out); the run
+        then ends. The default waits for them (:meth:`close`): an executor whose workers
+        can be stopped (processes, Ray tasks) overrides this."""
+        self.close()
+
 
 def died(spec: TrialSpec, attempts: int, why: str) -> TrialRecord:
     """The record of a trial whose worker died on every attempt."""
@@ -202,6 +208,22 @@ class ProcessPoolTrialExecutor(Executor):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+    def abort(self) -> None:
+        """Kill the workers (their trials are not recorded) instead of waiting for them.
+
+        ``ProcessPoolExecutor`` has no public way to stop running work before Python 3.14
+        (``terminate_workers``), so its worker processes are terminated directly."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        terminate = getattr(pool, "terminate_workers", None)
+        if terminate is not None:
+            terminate()
+            return
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def create_executor(name: str, workers: int, options: dict[str, Any]) -> Executor:
