@@ -122,6 +122,61 @@ class TuningSpace:
                 variants.append((algorithm, cfg.with_ops(changes)))
         return variants
 
+    def wider(self, key: OpKey, choice: OpConfig) -> OpConfig | None:
+        """The next wider quantized choice of op ``key`` than ``choice``, or ``None``.
+
+        Wider means more integer bits in the same mode (int4 -> int8 weight-only), never
+        fewer on any tensor; of the nearest width, the choice most like ``choice`` (same
+        algorithm, block size, scheme, granularity), the space's order breaking ties. It
+        lets a strategy step an op up one precision before falling back to float, which
+        costs an LLM far more speed. Static and dynamic int8 spaces, whose choices all
+        have 8-bit weights and activations, have no wider choice.
+        """
+        if not choice.quantized:
+            return None
+        width = bit_width(choice)
+        if width is None:
+            return None
+        options: list[tuple[int, OpConfig]] = []
+        for candidate in self.choices.get(key, []):
+            other = bit_width(candidate) if candidate.mode == choice.mode else None
+            if other is None or other == width:
+                continue
+            if all(b >= a for a, b in zip(width, other)):
+                options.append((sum(other), candidate))
+        if not options:
+            return None
+        nearest = min(bits for bits, _ in options)
+        closest = [candidate for bits, candidate in options if bits == nearest]
+        # max() keeps the first of equals: the space's order breaks ties
+        return max(closest, key=lambda candidate: _likeness(candidate, choice))
+
+    def finer(self, key: OpKey, choice: OpConfig) -> OpConfig | None:
+        """``choice`` with the next smaller weight ``block_size`` the space allows for op
+        ``key`` (same dtype and other options), or ``None``.
+
+        A separate, finer knob than :meth:`wider`: a smaller block costs a little size
+        and speed for accuracy within the same bit width."""
+        weight = choice.weight
+        block = weight.options.get("block_size") if weight is not None else None
+        if weight is None or not isinstance(block, int):
+            return None
+        best: tuple[int, OpConfig] | None = None
+        for candidate in self.choices.get(key, []):
+            other = candidate.weight
+            size = other.options.get("block_size") if other is not None else None
+            if other is None or not isinstance(size, int) or size >= block:
+                continue
+            same = replace(other, options={**other.options, "block_size": block})
+            if (
+                candidate.mode == choice.mode
+                and candidate.activation == choice.activation
+                and same == weight
+                and (best is None or size > best[0])
+            ):
+                best = (size, candidate)
+        return best[1] if best is not None else None
+
     def op_type_variants(self, op_type: str) -> list[OpConfig]:
         """Distinct configs every tunable op of ``op_type`` allows, the default first."""
         keys = [key for key in self.tunable_ops if key[1] == op_type]
@@ -132,6 +187,41 @@ class TuningSpace:
             allowed = set(self.choices[key])
             common = [cfg for cfg in common if cfg in allowed]
         return common
+
+
+def _bits(tensor: TensorConfig | None) -> int | None:
+    """Integer bits of a tensor's dtype (int4 -> 4, uint8 -> 8); 0 for a float tensor
+    (not quantized); None for a dtype without an integer width (fp8, ...)."""
+    if tensor is None:
+        return 0
+    found = re.fullmatch(r"u?int(\d+)", tensor.dtype)
+    return int(found.group(1)) if found else None
+
+
+def bit_width(choice: OpConfig) -> tuple[int, int] | None:
+    """(weight bits, activation bits) of a quantized choice (0: a float tensor); None
+    for a float choice or a dtype without an integer width."""
+    weight, activation = _bits(choice.weight), _bits(choice.activation)
+    if weight is None or activation is None or (weight, activation) == (0, 0):
+        return None
+    return weight, activation
+
+
+def _likeness(candidate: OpConfig, choice: OpConfig) -> tuple[int, ...]:
+    """How much ``candidate`` keeps of ``choice``: per tensor, the algorithm, the extra
+    options (block size, ...), the scheme and the granularity, in that order."""
+    score: list[int] = []
+    for a, b in ((candidate.weight, choice.weight), (candidate.activation, choice.activation)):
+        if a is None or b is None:
+            score += [0, 0, 0, 0]
+            continue
+        score += [
+            int(a.algorithm == b.algorithm),
+            int(dict(a.options) == dict(b.options)),
+            int(a.scheme == b.scheme),
+            int(a.granularity == b.granularity),
+        ]
+    return tuple(score)
 
 
 def build_tuning_space(

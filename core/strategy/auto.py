@@ -8,6 +8,12 @@
    closes at least 5% of the gap to the goal: a recipe kept for a noise-level gain would
    be paid for again by every later trial. *Slow* recipes (capability
    ``slow_recipes``, e.g. AdaRound) wait until after stage 5.
+2b. **Widening** (spaces with wider quantized choices, e.g. int4/int8 weight-only LLMs;
+   :mod:`lpq.strategy.widening`): groups of ops found from their names (``attn`` /
+   ``mlp``, projection kinds, blocks of layers) are widened alone (one batch), then
+   together, most helpful first, until the goal is met; then what the goal does not
+   need is narrowed back, group by finer group. Only if widening cannot meet the goal
+   do the fallback stages below run, on the widened config.
 3. One trial falling back the few ops whose inspected error (``lpq_inspect_tensor``, no
    trial spent) stands out: damage concentrated in a handful of ops ends here.
 4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage
@@ -38,8 +44,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
+from typing import Any
 
 from ..plan.tune_config import OpKey, TuneConfig
+from ..plan.tuning_space import bit_width
 from ..tuning.records import TrialRecord
 from .base import (
     Candidate,
@@ -55,6 +63,7 @@ from .base import (
     requantize,
     runs_quantized,
 )
+from .widening import Widening
 
 #: A sub-walk: yields batches, returns what it found.
 Walk = Generator[list[Candidate], list[TrialRecord], "Found | None"]
@@ -75,6 +84,10 @@ class AutoStrategy(Strategy):
     #: of the remaining gap to the accuracy goal.
     min_gain_share = 0.05
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.widening = Widening(min_gain_share=self.min_gain_share)
+
     def propose(self, ctx: TuningContext) -> Proposals:
         space = ctx.space
         cfg = space.default()
@@ -88,6 +101,16 @@ class AutoStrategy(Strategy):
             cfg, record = yield from self._best_of(
                 ctx, cfg, record, ctx.space.recipe_variants(cfg, slow=False), "recipe"
             )
+        if not ctx.meets_goal(record):
+            # Wider quantized choices (int4 -> int8 weight-only) before any float fallback.
+            widened = yield from self.widening.widen(ctx, cfg, record)
+            if widened is not None:
+                reference = cfg
+                cfg, record, groups, met = widened
+                if met:
+                    cfg, record = yield from self.widening.narrow_back(
+                        ctx, cfg, record, groups, reference
+                    )
         for stage in (self._worst_by_error, self._op_types, self._ops):
             if ctx.meets_goal(record):
                 break
@@ -308,10 +331,13 @@ class AutoStrategy(Strategy):
         space = ctx.space
         for op_type in space.op_types():
             keys = [k for k in space.tunable_ops if k[1] == op_type and cfg.ops[k].quantized]
-            if keys:
-                for variant in space.op_type_variants(op_type)[1:4]:
+            for variant in space.op_type_variants(op_type)[1:4]:
+                # A variant of another bit width would undo a mix the widening stage
+                # found (int4 and int8 MatMuls): it applies to the ops of its width only.
+                same = [k for k in keys if bit_width(cfg.ops[k]) == bit_width(variant)]
+                if same:
                     candidates.append(
-                        Candidate(cfg.with_ops(dict.fromkeys(keys, variant)), f"op-type {op_type}")
+                        Candidate(cfg.with_ops(dict.fromkeys(same, variant)), f"op-type {op_type}")
                     )
             floats = [
                 k

@@ -1,0 +1,187 @@
+"""``auto`` on int4/int8 weight-only spaces: widen groups of ops before falling back.
+
+A fake LLM-shaped model (decoder layers of qkv/o/gate/up/down MatMuls named as the
+onnxruntime-genai builder names them, and an lm_head) whose accuracy cost depends on
+each op's width: the tuner must find which groups need int8 in a few trials, then
+narrow back the rest. Static int8 spaces have no wider choice and must not change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import lpq
+from lpq.plan.tuning_space import build_tuning_space
+from lpq.testing.fake_adaptor import FakeAdaptorPlugin, FakeModel, FakeQuantizedModel
+
+WEIGHT_ONLY_YAML = """\
+- version:
+    name: default
+  precisions: [int4, int8, fp32]
+  ops:
+    int4: [MatMul]
+    int8: [MatMul]
+    fp32: ["*"]
+  capabilities:
+    int4:
+      weight_only:
+        MatMul:
+          weight: {dtype: [int4], scheme: [sym], granularity: [per_block],
+                   algorithm: [rtn, gptq], block_size: [32, 128]}
+    int8:
+      weight_only:
+        MatMul:
+          weight: {dtype: [int8], scheme: [asym, sym], granularity: [per_block],
+                   algorithm: [rtn, gptq], block_size: [32, 128]}
+"""
+
+N = 10_000  # evaluation samples: accuracy resolved to 1e-4
+EVAL = [(np.zeros((N, 1), np.float32), np.arange(N) % 10)]
+CALIB = [np.zeros((4, 1), np.float32)]
+KINDS = ("attn/qkv_proj", "attn/o_proj", "mlp/gate_proj", "mlp/up_proj", "mlp/down_proj")
+
+
+class WidthModel(FakeQuantizedModel):
+    """Accuracy: each op costs ``cost4[name]`` in int4, ``cost8[name]`` in int8 (and
+    nothing in float); latency: an int4 op saves more than an int8 one."""
+
+    def accuracy(self) -> float:
+        source = self.source
+        assert isinstance(source, WidthFake)
+        cost = 0.0
+        for (name, _), cfg in self.tune_cfg.ops.items():
+            if cfg.precision == "int4":
+                cost += source.cost4.get(name, 0.0)
+            elif cfg.precision == "int8":
+                cost += source.cost8.get(name, 0.0)
+        return source.base_accuracy - cost
+
+    def latency_ms(self) -> float:
+        ops = self.tune_cfg.ops.values()
+        saved = sum(0.7 if c.precision == "int4" else 0.5 for c in ops if c.quantized)
+        return self.source.base_latency_ms * (1 - saved / max(len(self.source.ops), 1))
+
+
+class WidthFake(FakeModel):
+    def __init__(self, ops, cost4, cost8) -> None:
+        super().__init__(ops=ops, sensitivity=dict(cost4))
+        self.cost4, self.cost8 = cost4, cost8
+
+
+class WeightOnlyFake(FakeAdaptorPlugin):
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.capability_file.write_text(WEIGHT_ONLY_YAML)
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        self._count("quantize")
+        return WidthModel(model, tune_cfg)
+
+
+def decoder(layers: int = 6, cost4=None, cost8: float = 0.00005) -> WidthFake:
+    names = [f"/model/layers.{i}/{kind}/MatMul" for i in range(layers) for kind in KINDS]
+    names.append("/lm_head/MatMul")
+    per_kind = cost4 or {}
+    c4 = {n: per_kind.get(n.split("/")[4], 0.0) for n in names if n.startswith("/model/")}
+    c8 = {n: cost8 for n in c4}
+    return WidthFake([(n, "MatMul") for n in names], c4, c8)
+
+
+def fit(model, workspace: Path, max_trials: int = 14, loss: float = 0.01, exit_policy="best"):
+    conf = lpq.PostTrainingQuantConfig(
+        approach="weight_only",
+        op_type_dict={"MatMul": {"weight": {"algorithm": ["rtn"], "block_size": [32]}}},
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=loss),
+        tuning_criterion=lpq.TuningCriterion(
+            max_trials=max_trials, objective="performance", exit_policy=exit_policy
+        ),
+    )
+    return lpq.fit(model, conf, CALIB, eval_dataloader=EVAL, workspace=workspace)
+
+
+def precisions(result: lpq.TuningResult) -> dict[str, str]:
+    return {name: c.precision for (name, _), c in result.tune_cfg.ops.items()}
+
+
+def test_finds_the_int8_group_and_narrows_the_rest_back(lpq_plugin, tmp_path):
+    lpq_plugin(WeightOnlyFake(tmp_path), name="fake")
+    # int4 costs 0.0186 in all (goal: at most 0.009): down_proj most of it; int8 ~nothing
+    cost4 = {"down_proj": 0.002, "gate_proj": 0.0005, "up_proj": 0.0002}
+    cost4 |= {"qkv_proj": 0.0002, "o_proj": 0.0002}
+    result = fit(decoder(cost4=cost4), tmp_path / "ws")
+    assert result.goal_met, result.verdict
+    found = precisions(result)
+    down = {n: p for n, p in found.items() if "down_proj" in n}
+    assert set(down.values()) == {"int8"}, down
+    others = {n: p for n, p in found.items() if "down_proj" not in n}
+    assert set(others.values()) == {"int4"}, others
+    stages = [t.stage for t in result.trials]
+    assert not any(s.startswith("fallback") for s in stages), stages  # no fp32 needed
+    assert len(result.trials) <= 12, stages
+
+
+def test_one_group_meeting_alone_is_taken_then_narrowed(lpq_plugin, tmp_path):
+    """The whole MLP widened alone meets the goal (probe batch); its kinds that can go
+    back to int4 do, the kind that cannot stays int8."""
+    lpq_plugin(WeightOnlyFake(tmp_path), name="fake")
+    result = fit(decoder(cost4={"up_proj": 0.003}), tmp_path / "ws")
+    assert result.goal_met, result.verdict
+    found = precisions(result)
+    assert {p for n, p in found.items() if "up_proj" in n} == {"int8"}
+    assert {p for n, p in found.items() if "up_proj" not in n} == {"int4"}
+    assert any(t.stage.startswith("narrow") for t in result.trials)
+
+
+def test_widening_that_cannot_help_falls_back_to_float(lpq_plugin, tmp_path):
+    """An op ruined in int4 and int8 alike (outliers on dead channels): no group is
+    widened for noise, and the fallback stages put that op in fp32."""
+    lpq_plugin(WeightOnlyFake(tmp_path), name="fake")
+    model = decoder(layers=4)
+    bad = "/model/layers.2/mlp/down_proj/MatMul"
+    model.cost4[bad] = model.cost8[bad] = model.sensitivity[bad] = 0.05
+    result = fit(model, tmp_path / "ws", max_trials=20)
+    assert result.goal_met, result.verdict
+    found = precisions(result)
+    assert found[bad] == "fp32"
+    assert sum(p == "int4" for p in found.values()) >= len(found) - 2, found
+
+
+def test_unstructured_names_are_widened_in_runs_of_ops(lpq_plugin, tmp_path):
+    """No layer index in the names: ops are grouped in graph order, then narrowed back
+    one by one, so only the sensitive op stays int8."""
+    lpq_plugin(WeightOnlyFake(tmp_path), name="fake")
+    names = [f"MatMul_{i}" for i in range(8)]
+    cost4 = {n: 0.0005 for n in names} | {"MatMul_5": 0.02}
+    model = WidthFake([(n, "MatMul") for n in names], cost4, dict.fromkeys(names, 0.0001))
+    result = fit(model, tmp_path / "ws")
+    assert result.goal_met, result.verdict
+    found = precisions(result)
+    assert found["MatMul_5"] == "int8"
+    assert sum(p == "int4" for p in found.values()) == 7, found
+
+
+def test_static_spaces_have_no_wider_choice_and_spend_no_widening_trial(lpq_plugin, tmp_path):
+    plugin = FakeAdaptorPlugin(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    ops = [(f"conv{i}", "Conv") for i in range(6)] + [("mm0", "MatMul")]
+    model = FakeModel(ops=ops, sensitivity={"conv3": 0.03} | {f"conv{i}": 0.0005 for i in (0, 1)})
+    capability = lpq.get_plugin_manager().query_capability("fake", model, None, {})
+    space = build_tuning_space(capability, lpq.PostTrainingQuantConfig(), has_calib_data=True)
+    assert all(
+        space.wider(key, choice) is None
+        for key, choices in space.choices.items()
+        for choice in choices
+    )
+    conf = lpq.PostTrainingQuantConfig(
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(max_trials=20),
+    )
+    result = lpq.fit(model, conf, CALIB, eval_dataloader=EVAL, workspace=tmp_path / "ws")
+    assert result.goal_met
+    assert not [t.stage for t in result.trials if "widen" in t.stage or "narrow" in t.stage]
+
