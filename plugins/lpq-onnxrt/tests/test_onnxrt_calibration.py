@@ -355,9 +355,8 @@ def test_memory_budget_bounds_every_run_and_changes_no_statistic(monkeypatch) ->
     bounded = collect_statistics(
         model, names, ({"x": b} for b in batches), memory_budget_bytes=budget
     )
-    probes = len(names)
-    assert max(fetched[probes:]) <= budget < per_sample
-    assert len(fetched) > probes + 3 * 64  # many small runs
+    assert max(fetched) <= budget < per_sample  # the probe too
+    assert len(fetched) > 3 * 64  # many small runs
     monkeypatch.setattr(calibration, "_run", original)
     unbounded = collect_statistics(model, names, ({"x": b} for b in batches))
     for name in names:
@@ -366,6 +365,45 @@ def test_memory_budget_bounds_every_run_and_changes_no_statistic(monkeypatch) ->
                 unbounded.compute_range(name, algorithm, symmetric=False)
             )
         assert bounded.count(name) == unbounded.count(name) == 3 * 64 * (4 if name == "y" else 16)
+
+
+def test_the_probe_fetches_tensors_in_groups_within_the_budget(monkeypatch) -> None:
+    """Sizes are probed in a few runs (declared shapes pack the groups), not one run per
+    tensor, and the plan sees every tensor's real size; a tensor of unknown shape is
+    probed on its own."""
+    from onnx import shape_inference
+
+    from lpq_onnxrt.calibration import collect as calibration
+
+    bare, _ = _mlp_model()
+    model = shape_inference.infer_shapes(bare)  # as a prepared model has them
+    names = ["h_b", "r", "y"]
+    runs: list[list[str]] = []
+    original = calibration._run
+    plans: list[dict[str, int]] = []
+    original_plan = calibration._plan
+
+    def recording(session, group, feed, index):
+        runs.append(list(group))
+        return original(session, group, feed, index)
+
+    def planning(sizes, budget, batch):
+        plans.append(dict(sizes))
+        return original_plan(sizes, budget, batch)
+
+    monkeypatch.setattr(calibration, "_run", recording)
+    monkeypatch.setattr(calibration, "_plan", planning)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    collect_statistics(model, names, [{"x": x}], memory_budget_bytes=1 << 20)
+    assert runs[0] == names  # one probe run for all three
+    assert plans[-1] == {"h_b": 4 * 16, "r": 4 * 16, "y": 4 * 4}  # measured, per sample
+    runs.clear()
+    collect_statistics(model, names, [{"x": x}], memory_budget_bytes=80)
+    assert runs[:2] == [["h_b"], ["r", "y"]]  # 64 + 64 + 16 bytes, split to fit 80
+    runs.clear()
+    collect_statistics(bare, names, [{"x": x}], memory_budget_bytes=1 << 20)
+    # the graph output's shape is declared; the others, not: one at a time
+    assert runs[:3] == [["y"], ["h_b"], ["r"]]
 
 
 def test_memory_budget_knob(monkeypatch) -> None:

@@ -164,7 +164,10 @@ def collect_statistics(
             run_feed = {k: np.asarray(v) for k, v in feed.items() if k in required}
             batch = _batch_of(run_feed)
             if plan is None:
-                plan = _probe(session, from_session, run_feed, batch, memory_budget_bytes, count)
+                declared = _declared_bytes(typed, from_session)
+                plan = _probe(
+                    session, from_session, run_feed, batch, memory_budget_bytes, count, declared
+                )
             step = plan.chunk if batch is not None else 1
             for start in range(0, batch or 1, step):
                 part = _slice(run_feed, start, start + step) if batch is not None else run_feed
@@ -191,6 +194,32 @@ def _run(
         ) from error
 
 
+def _declared_bytes(typed: Mapping[str, Any], names: Sequence[str]) -> dict[str, int]:
+    """Bytes of one sample of each tensor whose declared shape says so (a symbolic leading
+    dimension counted as one sample); tensors of unknown shape or type are left out."""
+    from onnx import helper
+
+    sizes: dict[str, int] = {}
+    for name in names:
+        info = typed.get(name)
+        if info is None or not info.type.HasField("tensor_type"):
+            continue
+        tensor = info.type.tensor_type
+        if not tensor.elem_type or not tensor.HasField("shape"):
+            continue
+        dims = list(tensor.shape.dim)
+        count = 1
+        for position, dim in enumerate(dims):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                count *= int(dim.dim_value)
+            elif position > 0:  # a symbolic inner dimension: unknown
+                break
+        else:
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
+            sizes[name] = count * itemsize
+    return sizes
+
+
 def _probe(
     session: onnxruntime.InferenceSession,
     names: list[str],
@@ -198,14 +227,25 @@ def _probe(
     batch: int | None,
     budget: int,
     index: int,
+    declared: Mapping[str, int] | None = None,
 ) -> _Plan:
-    """Bytes per sample of each tensor, from one sample of the first feed."""
+    """Bytes per sample of each tensor, from one sample of the first feed.
+
+    The tensors whose shapes are declared (a prepared model's, inferred) are fetched in
+    groups that fit ``budget`` by those shapes, the others one at a time, so the probe
+    stays within the budget in a few runs: one run per tensor cost ddddocr det (261
+    tensors, 416x416 input) 31 of its 39 CPU seconds of calibration."""
     sample = _slice(feed, 0, 1) if batch is not None else feed
+    declared = declared or {}
+    known = {name: declared[name] for name in names if name in declared}
+    groups = _plan(known, budget, 1).groups if known else []
+    groups += [[name] for name in names if name not in declared]
     sizes: dict[str, int] = {}
-    for name in names:  # one tensor at a time: the probe itself stays within the budget
-        (value,) = _run(session, [name], sample, index)
-        sizes[name] = int(np.asarray(value).nbytes)
-        del value
+    for group in groups:
+        outputs = _run(session, group, sample, index)
+        for name, value in zip(group, outputs, strict=True):
+            sizes[name] = int(np.asarray(value).nbytes)
+        del outputs
     return _plan(sizes, budget, batch or 1)
 
 
