@@ -1,4 +1,6 @@
-"""The ``auto`` activation range algorithm: chosen by output error, explicit ones kept."""
+"""The ``auto`` activation range algorithm on real ONNX models: chosen by output error,
+explicit ones kept, narrowing on a small model. The rule itself (tie rule, gains, parts)
+is core's, tested with a scripted backend in tests/test_range_choice.py."""
 
 from __future__ import annotations
 
@@ -18,22 +20,6 @@ FW = "onnxrt"
 @pytest.fixture
 def pm() -> lpq.PluginManager:
     return lpq.get_plugin_manager()
-
-
-def _choose(errors: dict[str, float]) -> str:
-    """range_choice.choose with scripted output errors per candidate."""
-    built = {name: onnx.ModelProto(doc_string=name) for name in errors}
-    return range_choice.choose(
-        lambda name: built[name], lambda model: errors[model.doc_string], tuple(errors)
-    ).algorithm
-
-
-def test_choose_keeps_minmax_unless_a_clipping_algorithm_is_clearly_better():
-    assert _choose({"minmax": 1.0, "percentile": 0.5, "mse": 0.7}) == "percentile"
-    assert _choose({"minmax": 1.0, "percentile": 0.9, "mse": 0.6}) == "mse"
-    # 1% better on the calibration data itself: noise, minmax stays.
-    assert _choose({"minmax": 1.0, "percentile": 0.99, "mse": 1.2}) == "minmax"
-    assert _choose({"minmax": 0.3, "percentile": 0.5, "mse": 0.4}) == "minmax"
 
 
 def _default_cfg(pm: lpq.PluginManager, model: Any, loader: Any, samples: int = 64) -> Any:
@@ -141,73 +127,6 @@ def test_no_resolved_config_after_latency_decisions(pm, lpq_sample_model, calib_
 
 
 # --------------------------------------------------------------------------- narrowing
-
-
-def _narrow(errors: Any, tensors: list[str]) -> dict[str, float]:
-    """range_choice.narrow with scripted errors: the "model" carries the scales it was
-    built with, and ``errors(scales)`` gives its output error on each of two parts of the
-    calibration data."""
-    import json
-
-    def build(scales: dict[str, float]) -> onnx.ModelProto:
-        return onnx.ModelProto(doc_string=json.dumps(scales, sort_keys=True))
-
-    def check(part: int) -> Any:
-        return lambda model: float(errors(json.loads(model.doc_string))[part])
-
-    return range_choice.narrow(tensors, build, [check(0), check(1)])
-
-
-def test_narrow_keeps_a_fraction_only_when_it_clearly_cuts_the_error_on_every_part():
-    def errors(scales: dict[str, float]) -> tuple[float, float]:
-        error = 1.0
-        error *= {0.7: 0.8, 0.5: 0.4, 0.35: 0.6}.get(scales.get("a", 1.0), 1.0)
-        error *= 0.98 if "b" in scales else 1.0  # a 2% gain: noise, not kept
-        if "c" in scales:  # helps only once "a" is narrowed
-            error *= 0.5 if "a" in scales else 1.5
-        return error, error
-
-    # "a": its best fraction; "b": left; "c": every fraction ties, the widest is kept.
-    assert _narrow(errors, ["a", "b", "c"]) == {"a": 0.5, "c": 0.7}
-    assert _narrow(errors, ["b", "c"]) == {}
-
-
-def test_narrow_leaves_a_fraction_that_helps_on_one_part_only():
-    def errors(scales: dict[str, float]) -> tuple[float, float]:
-        if "fitted" in scales:  # much better on part 0, a little worse on part 1
-            return 0.2, 1.01
-        return 1.0, 1.0
-
-    assert _narrow(errors, ["fitted"]) == {}
-
-
-def test_resolve_takes_the_algorithm_that_narrows_best():
-    """kl is best unnarrowed; minmax narrowed beats kl narrowed, so minmax is chosen."""
-    auto = lpq.OpConfig(
-        precision="int8",
-        mode="static",
-        activation=lpq.TensorConfig("uint8", "asym", algorithm=range_choice.AUTO),
-    )
-    unnarrowed = {"minmax": 1.0, "percentile": 0.9, "mse": 0.9, "kl": 0.5}
-
-    def build(plan: dict[str, lpq.OpConfig], scales: dict[str, float]) -> onnx.ModelProto:
-        algorithm = plan["op"].activation.algorithm
-        return onnx.ModelProto(doc_string=f"{algorithm} {'t' in scales}")
-
-    def error(model: onnx.ModelProto) -> float:
-        algorithm, narrowed = model.doc_string.split()
-        if narrowed == "True":
-            return {"minmax": 0.1, "kl": 0.4}.get(algorithm, 1.0)
-        return unnarrowed[algorithm]
-
-    plan, choice = range_choice.resolve({"op": auto}, build, error)
-    assert choice is not None and choice.algorithm == "kl" and not choice.narrowed
-    both = range_choice.Narrowing(["t"], [error, error])
-    plan, choice = range_choice.resolve({"op": auto}, build, error, both)
-    assert choice is not None and choice.algorithm == "minmax"
-    assert choice.narrowed == {"t": max(range_choice.NARROW_FACTORS)}
-    assert choice.narrowed_error == pytest.approx(0.1)
-    assert plan["op"].activation.algorithm == "minmax"
 
 
 def _wide_model() -> onnx.ModelProto:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lpq import DataError, ModelError, OpConfig, TuneConfig
+from lpq.ranges import resolve
 
 from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
@@ -284,26 +285,23 @@ def _resolve_ranges(
     base = candidates.prepared.model
     tune_cfg = candidates.tune_cfg
     dynamic_ops = frozenset(result.dynamic_ops)
-    narrowing = None
+    narrowable = None
     if len(plan) <= range_choice.NARROW_MAX_OPS:
         outputs = {output.name for output in base.graph.output}
         available = set(candidates.stats.tensor_names())
-        narrowing = range_choice.Narrowing(
-            [
-                name
-                for name in ranges.activation_tensors(base, resolving)
-                if name in available and name not in outputs
-            ],
-            [candidates.error_on((k, 2)) for k in range(2)],
-        )
-    plan, chosen = range_choice.resolve(
-        plan,
+        narrowable = [
+            name
+            for name in ranges.activation_tensors(base, resolving)
+            if name in available and name not in outputs
+        ]
+    backend = range_choice.Backend(
         lambda trial, scales: candidates.build(
             trial, fp32_ops, fmt, dynamic_ops, range_scales=scales
         ),
         candidates.output_error(),
-        narrowing,
+        candidates.error_on,
     )
+    plan, chosen = resolve(plan, backend, narrowable)
     effective = result.tune_cfg.with_ops(
         {key: plan[key[0]] for key in tune_cfg.ops if key[0] in resolving}
     )

@@ -1,0 +1,52 @@
+"""Activation-range decisions, written once for every adaptor (``lpq.ranges``).
+
+- :mod:`lpq.ranges.choice`: the ``auto`` range algorithm (each candidate built and
+  measured, the smallest output error picked) and the per-tensor narrowing of small
+  plans, through a small per-adaptor :class:`RangeBackend` (build a plan, measure a
+  model's output error).
+
+Numpy-free and framework-free: the adaptor's backend does the building and running.
+docs/onnxrt.md ("Range choice") describes the rule and lpq-onnxrt's backend.
+"""
+
+from __future__ import annotations
+
+from .choice import (
+    AUTO,
+    CANDIDATES,
+    MIN_GAIN,
+    NARROW_FACTORS,
+    NARROW_GAIN,
+    NARROW_MAX_OPS,
+    PARTS,
+    SCALES_OPTION,
+    RangeBackend,
+    RangeChoice,
+    auto_ops,
+    narrow,
+    pick,
+    resolve,
+    resolved,
+    scales_from,
+    with_algorithm,
+)
+
+__all__ = [
+    "AUTO",
+    "CANDIDATES",
+    "MIN_GAIN",
+    "NARROW_FACTORS",
+    "NARROW_GAIN",
+    "NARROW_MAX_OPS",
+    "PARTS",
+    "SCALES_OPTION",
+    "RangeBackend",
+    "RangeChoice",
+    "auto_ops",
+    "narrow",
+    "pick",
+    "resolve",
+    "resolved",
+    "scales_from",
+    "with_algorithm",
+]
