@@ -25,6 +25,7 @@ from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
 from ..latency.decision import Builder, LatencyDecision
 from .dynamic import dynamic_alternatives
+from .quantizer import per_channel
 from .static import static_pass
 
 if TYPE_CHECKING:
@@ -78,6 +79,17 @@ class _Candidates:
             lambda: fidelity.error_feeds(prepared.model, tune_cfg, calib_dataloader)
         )
         self.output_error = functools.cache(lambda: self.error_on((0, 1)))
+        # Per-channel QDQ needs opset 13: the static pass converts a model below it. Done
+        # once here, not in every candidate (ddddocr rec, opset 11: 0.5 s per build).
+        self._opset_13 = functools.cache(lambda: model_io.upgrade_opset(prepared.model, 13))
+
+    def static_source(self, static_ops: Mapping[str, OpConfig]) -> onnx.ModelProto:
+        """The model the static pass starts from for ``static_ops`` (read-only): the
+        prepared one, at opset 13 when an op has per-channel weights (as the pass would
+        convert it)."""
+        if any(per_channel(cfg) for cfg in static_ops.values()):
+            return self._opset_13()
+        return self.prepared.model
 
     def calibrate(self, model: onnx.ModelProto, key: str) -> CalibrationStats:
         from ..calibration import memory_budget
@@ -106,7 +118,7 @@ class _Candidates:
 
         base = self.prepared.model
         static = {n: c for n, c in plan.items() if n not in fp32_ops and n not in dynamic_ops}
-        built = model_io.copy_model(base)
+        built = model_io.copy_model(self.static_source(static))
         if static:
             built, _ = static_pass(built, static, self.tune_cfg, self.stats, form, range_scales)
         built = read_float_inputs(built, base, [*self.float_ops, *fp32_ops, *dynamic_ops])
@@ -323,7 +335,6 @@ def _apply(
 
     prepared, tune_cfg = candidates.prepared, candidates.tune_cfg
     base, stats = prepared.model, candidates.stats
-    work = model_io.copy_model(base)
     chosen = recipes.requested(tune_cfg.options)
     if chosen and plan:  # only for the ops that stay int8
         base = recipes.apply(
@@ -337,6 +348,8 @@ def _apply(
         model_key = f"{prepared.key}|{json.dumps(chosen, sort_keys=True, default=str)}"
         work = model_io.copy_model(base)
         stats = candidates.calibrate(base, model_key)
+    else:
+        work = model_io.copy_model(candidates.static_source(plan))
     if plan:
         work, result.ranges = static_pass(
             work, plan, tune_cfg, stats, fmt, range_choice.scales_from(result.tune_cfg.options)
