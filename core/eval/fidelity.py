@@ -29,7 +29,12 @@ from .metric_choice import label_free_metric
 HELD_OUT_SHARE = 0.2
 #: Below this, ``lpq quantize`` says plainly that the model lost much of what fp32 does.
 DEFAULT_WARN_BELOW = 0.95
-_TIMING_ROUNDS = 5
+#: Rounds of the side-by-side timing, and batches per round and model (the first one a
+#: warm-up). Each round makes a session per model (loading the fp32 file again): 3 rounds
+#: of 6 time as many batches as 5 rounds of 4 did with 6 sessions instead of 10 (ddddocr
+#: rec, 54 MB: each fp32 session is a 54 MB load, a 54 MB copy for ORT and its init).
+_TIMING_ROUNDS = 3
+_TIMING_BATCHES = 6
 
 
 @dataclass
@@ -148,7 +153,7 @@ def _interleaved_ms(
     for _ in range(_TIMING_ROUNDS):
         for index, model in enumerate((fp32_model, quantized_model)):
             measurer = LatencyMeasurer(warmup=1)
-            pm.evaluate(framework, model, [first] * 4, [], measurer=measurer)
+            pm.evaluate(framework, model, [first] * _TIMING_BATCHES, [], measurer=measurer)
             if measurer.median_ms is not None:
                 times[index].append(measurer.median_ms)
     return tuple(  # type: ignore[return-value]
