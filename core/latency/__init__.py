@@ -6,7 +6,8 @@ ops, build a candidate with some ops in float, run a candidate once) and gets ba
 
 - :mod:`lpq.latency.timing`: interleaved, robust timing (round-robin, median, noise);
 - :mod:`lpq.latency.search`: the decision (op types, blame rounds, never slower than fp32);
-- :mod:`lpq.latency.cache`: decisions on disk per model, plan, shapes, machine, threads.
+- :mod:`lpq.latency.cache`: decisions on disk per model, plan, shapes, machine, threads;
+- :mod:`lpq.latency.table`: per-op float / quantized costs shared across models and runs.
 
 docs/latency-aware.md describes the search and how to write a backend.
 """
@@ -25,6 +26,7 @@ from .search import (
     enabled,
     runner_timer,
 )
+from .table import LatencyTable, Verdict
 from .timing import Timing, interleaved
 
 __all__ = [
@@ -32,9 +34,11 @@ __all__ = [
     "Backend",
     "Blamer",
     "Decision",
+    "LatencyTable",
     "Step",
     "Timer",
     "Timing",
+    "Verdict",
     "announce",
     "decide",
     "enabled",

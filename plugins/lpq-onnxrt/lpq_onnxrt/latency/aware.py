@@ -1,10 +1,19 @@
 """Latency-aware quantization of one model: whether it runs, the feed it times on, the
-cache, then the search.
+cache, the op latency table, then the search.
 
 The one entry :mod:`lpq_onnxrt.passes.static_plan` calls. The measuring feed is at the
-batch the user deploys (``latency_batch_size``), decisions are read from the cache (or
-derived from a larger plan's) before anything is measured, and a measured decision is
+batch the user deploys: ``latency_batch_size``, else **one sample** (the first of the
+calibration data), as lpq-tf and lpq-mxnet time; decisions are read from the cache (or
+derived from a larger plan's) before anything is measured, op types are decided from
+the op latency table (:mod:`lpq.latency.table`) where it can, and a measured decision is
 stored for the next run.
+
+Why one sample and not the calibration batch: the calibration batch is how the data is
+read (``lpq quantize --batch-size``, 32 by default), not how the model is served, and
+every timed run costs in proportion to it (MTCNN P-Net at 32 x 320 x 240: 0.2-0.45 s a
+run, 79 CPU s to quantize a 28 KB model; at one sample, a few ms). Which op wins does
+change with the batch (at batch 8 the PP-OCR detector keeps other ops fp32 than at 1):
+whoever serves batches sets ``latency_batch_size``.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import lpq
 from lpq import ConfigError, OpConfig, TuneConfig
 
 from .. import graph, model_io, ranges
-from . import blame, cache, decision, timing
+from . import blame, cache, decision, signature, timing
 
 if TYPE_CHECKING:
     import onnx
@@ -43,7 +52,8 @@ def enabled(options: Mapping[str, Any]) -> bool:
 
 
 def latency_batch_size(options: Mapping[str, Any]) -> int | None:
-    """``latency_batch_size`` (or env ``LPQ_LATENCY_BATCH_SIZE``): the batch to time at."""
+    """``latency_batch_size`` (or env ``LPQ_LATENCY_BATCH_SIZE``): the batch to time at;
+    None when unset (then one sample: see the module doc)."""
     value = options.get("latency_batch_size") or os.environ.get("LPQ_LATENCY_BATCH_SIZE")
     if value in (None, "", 0, "0"):
         return None
@@ -57,6 +67,37 @@ def latency_batch_size(options: Mapping[str, Any]) -> int | None:
             hint="set it to the batch size the model is deployed at (e.g. 8)",
         )
     return size
+
+
+def one_sample(
+    specs: Iterable[Any], feed: Mapping[str, Any], loader_batch: Any = None
+) -> dict[str, Any]:
+    """One sample of the calibration batch ``feed``: each input cut to 1 on its batch axis.
+
+    The batch axis is an input's first symbolic dimension, but only where it holds the
+    loader's batch (``loader_batch``, when the loader says it; else where it is axis 0 of
+    some input, the size found there): ddddocr's recognizer is ``[1, 1, 64, W]``, and its
+    first symbolic dimension is the image's width, not a batch. An input with no such
+    axis (a fixed batch, a sample rate) is kept whole."""
+    import numpy as np
+
+    axes: dict[str, int] = {}
+    for spec in specs:
+        if spec.shape is not None and spec.name in feed:
+            axis = next((i for i, d in enumerate(spec.shape) if d is None), None)
+            if axis is not None and np.ndim(feed[spec.name]) > axis:
+                axes[spec.name] = axis
+    size = loader_batch if isinstance(loader_batch, int) and loader_batch > 0 else None
+    if size is None:
+        at_zero = [np.shape(feed[name])[0] for name, axis in axes.items() if axis == 0]
+        size = at_zero[0] if at_zero else None
+    out = dict(feed)
+    if size is None or size <= 1:
+        return out
+    for name, axis in axes.items():
+        if np.shape(feed[name])[axis] == size:
+            out[name] = np.take(np.asarray(feed[name]), [0], axis=axis)
+    return out
 
 
 def latency_decision(
@@ -76,8 +117,13 @@ def latency_decision(
     options = tune_cfg.options
     feeds = ranges.limited_feeds(prepared.model, calib_dataloader, tune_cfg.calib_sampling_size)
     batch = latency_batch_size(options)
-    # At the batch the user deploys: calibration samples stacked (cycled); else the first.
-    feed = next(feeds) if batch is None else batched_feed(input_specs(prepared.model), feeds, batch)
+    # At the batch the user deploys: calibration samples stacked (cycled); else one sample
+    # of the first batch (an input whose batch is fixed keeps it).
+    specs = input_specs(prepared.model)
+    if batch is None:
+        feed = one_sample(specs, next(feeds), getattr(calib_dataloader, "batch_size", None))
+    else:
+        feed = batched_feed(specs, feeds, batch)
     plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
     context = cache.cache_context(prepared.key, feed, options)
     key = cache.cache_key(context, plan)
@@ -94,10 +140,12 @@ def latency_decision(
         " and ".join(formats),
         ", ".join(f"{k} {list(v.shape)}" for k, v in sorted(feed.items())),
     )
-    timer = timing.ort_timer(options, budget_s=float(options.get("latency_budget_s", 1.0)))
+    budget = float(options.get("latency_budget_s", timing.DEFAULT_BUDGET_S))
+    timer = timing.ort_timer(options, budget_s=budget)
     # The fp32 side of every comparison, shaped as the candidates are (inner shapes dropped).
     fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
-    blamer = blame.profile_blame(options, feed, fp32, [n for n, _ in ops])
+    table = op_table(prepared.model, static_ops, feed, options)
+    blamer = blame.profile_blame(options, feed, fp32, [n for n, _ in ops], table)
     decided = decision.decide(
         build,
         fp32,
@@ -109,6 +157,37 @@ def latency_decision(
         blame=blamer,
         dynamic=dynamic,
         error=error,
+        verdict=getattr(blamer, "verdict", None),
     )
+    if table is not None:
+        log.info(
+            "op latency table: %d hit(s), %d miss(es), %d profile(s)",
+            table.table.hits,
+            table.table.misses,
+            getattr(blamer, "profiles", 0),
+        )
     cache.store(folder, key, decided, context, plan)
     return decided
+
+
+def op_table(
+    model: onnx.ModelProto,
+    static_ops: Mapping[str, OpConfig],
+    feed: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> blame.TableParts | None:
+    """This machine's op latency table and the signatures of ``static_ops`` at ``feed``;
+    None with ``latency_table: false``."""
+    from lpq.latency.table import LatencyTable, machine
+
+    if str(options.get("latency_table", True)).strip().lower() in ("false", "off", "no", "0"):
+        return None
+    found = cache.machine_key(options)
+    key = machine(
+        framework="onnxrt",
+        framework_version=f"{found['onnxruntime']} {' '.join(found['providers'])}",
+        threads=found["threads"],
+    )
+    return blame.TableParts(
+        LatencyTable.open(options, key), signature.signatures(model, static_ops, feed)
+    )

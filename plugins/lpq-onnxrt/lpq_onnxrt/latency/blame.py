@@ -1,10 +1,22 @@
-"""Which quantized ops int8 makes slower than fp32, from ORT's per-node profiles."""
+"""Which quantized ops int8 makes slower than fp32, from ORT's per-node profiles; and the
+op latency table those profiles fill (:mod:`lpq.latency.table`).
+
+A profile runs the candidate and the fp32 model interleaved (a profiled run of each, in
+turn), and each node's time is its median over the runs: load that hits one model's run
+hits the other's, and a spike moves one run of many. Every profile the search takes
+(the first of each format, each blame round) also records each static int8 op's
+(fp32 cost, int8 cost) pair in the table, keyed by the op's signature (see
+:mod:`.signature`), so a later quantization of any model with that op reads it back
+instead of timing whole models.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,39 +27,129 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from lpq.latency.table import LatencyTable, Verdict
+
+log = logging.getLogger(__name__)
+
+#: Profiled runs of each model (after one warm-up run).
+PROFILE_RUNS = 10
+#: Node types of a dynamically quantized op: a model holding them is not recorded in the
+#: table (its ops' int8 cost is the dynamic kernel's, not the static one's).
+_DYNAMIC = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul"}
+
+
+@dataclass
+class TableParts:
+    """What :class:`Profiler` needs to read and fill the op latency table: the table and
+    each op's signature without its format (None: an op whose shapes are unknown)."""
+
+    table: LatencyTable
+    signatures: Mapping[str, Mapping[str, Any] | None]
+
+    def signature(self, name: str, fmt: str) -> dict[str, Any] | None:
+        base = self.signatures.get(name)
+        return None if base is None else {**base, "format": fmt}
+
 
 def profile_blame(
     options: Mapping[str, Any],
     feed: Mapping[str, np.ndarray],
     fp32_model: onnx.ModelProto,
     ops: Sequence[str],
-) -> Callable[[onnx.ModelProto, frozenset[str]], list[str]]:
-    """A ``blame`` function: quantized ops whose int8 cost exceeds their fp32 cost.
+    table: TableParts | None = None,
+) -> Profiler:
+    """A ``blame`` function (a :class:`Profiler`): quantized ops whose int8 cost exceeds
+    their fp32 cost; with ``table``, also :meth:`Profiler.verdict`."""
+    return Profiler(options, feed, fp32_model, ops, table)
 
-    ORT's profiler gives each node of the optimized graph its time. An op's int8 cost is
-    the time of the nodes named after it (``QLinearConv`` keeps the op's name as prefix)
-    plus a share of the QuantizeLinear / DequantizeLinear nodes next to them; its fp32
-    cost is the time of its nodes in the fp32 model (matched by name or output tensor).
-    """
-    options = measuring_options(options)
-    fp32_profile: list[dict[str, _Timed]] = []  # profiled on the first call only
-    by_output = {out: node.name for node in fp32_model.graph.node for out in node.output}
 
-    def blame(model: onnx.ModelProto, fp32_ops: frozenset[str]) -> list[str]:
-        quantized = [name for name in ops if name not in fp32_ops]
-        if not fp32_profile:
-            fp32_profile.append(_node_times(fp32_model, options, feed))
-        fp32_times = fp32_profile[0]
-        int8_times = _node_times(model, options, feed)
-        int8_cost = _attribute(int8_times, quantized, by_output, with_qdq=True)
-        fp32_cost = _attribute(fp32_times, quantized, by_output, with_qdq=False)
-        return [
-            name
-            for name in quantized
-            if int8_cost.get(name, 0.0) > 1.1 * fp32_cost.get(name, 0.0) + 1e-3
-        ]
+class Profiler:
+    """Per-node profiles of candidates against the fp32 model (see the module doc).
 
-    return blame
+    Called as ``blame(model, fp32_ops)``: the quantized ops whose int8 cost (the time of
+    the nodes named after them, ``QLinearConv`` keeps the op's name as prefix, plus a
+    share of the QuantizeLinear / DequantizeLinear nodes next to them) exceeds their fp32
+    cost (the time of their nodes in the fp32 model, matched by name or output tensor)."""
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        feed: Mapping[str, np.ndarray],
+        fp32_model: onnx.ModelProto,
+        ops: Sequence[str],
+        table: TableParts | None = None,
+    ) -> None:
+        self.options = measuring_options(options)
+        self.feed = dict(feed)
+        self.fp32_model = fp32_model
+        self.ops = list(ops)
+        self.parts = table
+        self.by_output = {out: node.name for node in fp32_model.graph.node for out in node.output}
+        # Each fp32 node's first input's producer: ORT fuses an activation into the op
+        # before it (Conv+Relu runs as one node named after the Relu's output).
+        self.upstream = {
+            node.name: self.by_output[node.input[0]]
+            for node in fp32_model.graph.node
+            if node.input and node.input[0] in self.by_output
+        }
+        # The last profiled model (by identity) and its per-op (fp32 ms, int8 ms).
+        self._last: tuple[onnx.ModelProto, dict[str, tuple[float, float]]] | None = None
+        self.profiles = 0
+
+    def costs(
+        self, model: onnx.ModelProto, fp32_ops: frozenset[str]
+    ) -> dict[str, tuple[float, float]]:
+        """Per quantized op of ``model``: (fp32 ms, int8 ms), profiled interleaved with
+        the fp32 model (once per model: the search asks again for the same one)."""
+        if self._last is not None and self._last[0] is model:
+            return self._last[1]
+        quantized = [name for name in self.ops if name not in fp32_ops]
+        times, fp32_times = _node_times([model, self.fp32_model], self.options, self.feed)
+        self.profiles += 1
+        int8_cost = _attribute(times, quantized, self.by_output, with_qdq=True)
+        fp32_cost = _attribute(
+            fp32_times, quantized, self.by_output, with_qdq=False, upstream=self.upstream
+        )
+        costs = {name: (fp32_cost.get(name, 0.0), int8_cost.get(name, 0.0)) for name in quantized}
+        self._last = (model, costs)
+        self._record(model, costs)
+        return costs
+
+    def __call__(self, model: onnx.ModelProto, fp32_ops: frozenset[str]) -> list[str]:
+        costs = self.costs(model, fp32_ops)
+        return [name for name, (fp32, int8) in costs.items() if int8 > 1.1 * fp32 + 1e-3]
+
+    def verdict(
+        self, names: Sequence[str], fmt: str, model: onnx.ModelProto, fp32_ops: frozenset[str]
+    ) -> Verdict | None:
+        """What the op latency table says about ``names`` in ``fmt`` (None: it cannot
+        decide). Ops it has no entry for are profiled first in ``model`` (where they run
+        int8), once per model."""
+        if self.parts is None:
+            return None
+        signatures = [self.parts.signature(name, fmt) for name in names]
+        if any(signature is None for signature in signatures):
+            return None
+        known = [s for s in signatures if s is not None]
+        table = self.parts.table
+        if any(table.get(signature) is None for signature in known) and not (
+            self._last is not None and self._last[0] is model
+        ):
+            self.costs(model, fp32_ops)
+        return table.verdict(known)
+
+    def _record(self, model: onnx.ModelProto, costs: Mapping[str, tuple[float, float]]) -> None:
+        if self.parts is None:
+            return
+        kinds = {node.op_type for node in model.graph.node}
+        if kinds & _DYNAMIC:
+            return
+        fmt = "qoperator" if any(kind.startswith("QLinear") for kind in kinds) else "qdq"
+        for name, (fp32, int8) in costs.items():
+            signature = self.parts.signature(name, fmt)
+            if signature is not None:
+                self.parts.table.record(signature, fp32, int8)
+        self.parts.table.save()
 
 
 @dataclass
@@ -59,54 +161,68 @@ class _Timed:
 
 
 def _node_times(
-    model: onnx.ModelProto,
+    models: Sequence[onnx.ModelProto],
     options: Mapping[str, Any],
     feed: Mapping[str, np.ndarray],
-    runs: int = 10,
-) -> dict[str, _Timed]:
-    """Per-node time (ms per run) of the ORT-optimized ``model``, with its wiring."""
+    runs: int = PROFILE_RUNS,
+) -> list[dict[str, _Timed]]:
+    """Per model, per node of its ORT-optimized graph: median ms per run, with its wiring.
+    The models' profiled runs are interleaved (one of each, in turn)."""
     import tempfile
 
     import onnx
 
     from ..session import create_session
 
+    feeds = dict(feed)
     with tempfile.TemporaryDirectory(prefix="lpq-profile-") as tmp:
-        optimized = os.path.join(tmp, "optimized.onnx")
-        session = create_session(
-            model,
-            {
-                **options,
-                "enable_profiling": os.path.join(tmp, "profile"),
-                "optimized_model_filepath": optimized,
-            },
-        )
-        for _ in range(runs + 2):
-            session.run(None, dict(feed))
-        profile = session.end_profiling()
-        events = json.loads(Path(profile).read_text(encoding="utf-8"))
-        graph = onnx.load(optimized, load_external_data=False).graph
-    wiring = {node.name: node for node in graph.node}
+        sessions, optimized = [], []
+        for index, model in enumerate(models):
+            optimized.append(os.path.join(tmp, f"optimized{index}.onnx"))
+            sessions.append(
+                create_session(
+                    model,
+                    {
+                        **options,
+                        "enable_profiling": os.path.join(tmp, f"profile{index}"),
+                        "optimized_model_filepath": optimized[-1],
+                    },
+                )
+            )
+        for _ in range(runs + 1):
+            for session in sessions:
+                session.run(None, feeds)
+        found = []
+        for session, path in zip(sessions, optimized, strict=True):
+            events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
+            graph = onnx.load(path, load_external_data=False).graph
+            found.append(_per_node(events, {node.name: node for node in graph.node}, skip=1))
+    return found
+
+
+def _per_node(
+    events: list[dict[str, Any]], wiring: Mapping[str, Any], skip: int
+) -> dict[str, _Timed]:
+    """Each node's median kernel time (ms) over its runs after the first ``skip``."""
+    durations: dict[str, list[float]] = {}
     times: dict[str, _Timed] = {}
-    skip = 2  # the first runs are warm-up
-    seen_runs: dict[str, int] = {}
     for event in events:
         if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
             continue
         name = event["name"][: -len("_kernel_time")]
-        seen_runs[name] = seen_runs.get(name, 0) + 1
-        if seen_runs[name] <= skip:
-            continue
-        node = wiring.get(name)
-        entry = times.get(name)
-        if entry is None:
-            entry = times[name] = _Timed(
+        seen = durations.setdefault(name, [])
+        seen.append(event["dur"] / 1000.0)
+        if name not in times:
+            node = wiring.get(name)
+            times[name] = _Timed(
                 event["args"].get("op_name", ""),
                 list(node.input) if node is not None else [],
                 list(node.output) if node is not None else [],
                 0.0,
             )
-        entry.ms += event["dur"] / 1000.0 / runs
+    for name, values in durations.items():
+        kept = values[skip:] or values
+        times[name].ms = statistics.median(kept)
     return times
 
 
@@ -114,18 +230,29 @@ _QDQ = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 
 
 def _owner(
-    node_name: str, timed: _Timed, names: Sequence[str], by_output: Mapping[str, str]
+    node_name: str,
+    timed: _Timed,
+    names: Sequence[str],
+    by_output: Mapping[str, str],
+    upstream: Mapping[str, str] | None = None,
 ) -> str | None:
-    """The op (by fp32 name) an optimized node computes: its name, a prefix of its name,
-    or the op whose output tensor it writes (ORT names NCHWc convs after their output)."""
+    """The op (by fp32 name) an optimized node computes: its name, a prefix of its name
+    (``fused fc1``, ``fc2/MatMulAddFusion`` too), or the op whose output tensor it writes
+    (ORT names NCHWc convs after their output); with ``upstream`` (fp32 graphs), also the
+    op up to two nodes before that writer (an activation fused into it)."""
     from ..precision import owner_of
 
-    best = owner_of(node_name, names)
-    if best is not None:
-        return best
+    for spelled in (node_name, node_name.removeprefix("fused ").split("/")[0]):
+        best = owner_of(spelled, names)
+        if best is not None:
+            return best
     wanted = set(names)
     for tensor in (*timed.outputs, node_name.removesuffix("_nchwc")):
         owner = by_output.get(tensor.removesuffix("_quantized"))
+        for _ in range(3 if upstream is not None else 1):
+            if owner is None or owner in wanted:
+                break
+            owner = (upstream or {}).get(owner)
         if owner in wanted:
             return owner
     return None
@@ -137,6 +264,7 @@ def _attribute(
     by_output: Mapping[str, str],
     *,
     with_qdq: bool,
+    upstream: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """Per op: the time of its own nodes, plus (int8) its share of adjacent Q/DQ nodes.
 
@@ -148,7 +276,7 @@ def _attribute(
         if timed.op_type in _QDQ:
             owners[name] = None
             continue
-        owner = _owner(name, timed, ops, by_output)
+        owner = _owner(name, timed, ops, by_output, upstream)
         owners[name] = owner
         if owner is not None:
             cost[owner] += timed.ms

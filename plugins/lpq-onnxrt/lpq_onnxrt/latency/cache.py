@@ -25,7 +25,7 @@ from .timing import measuring_options
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/14"
+_CACHE_FORMAT = "lpq-onnxrt-latency/15"
 #: A decision is derived (not measured) only for a plan that leaves out at most this share
 #: of a decided plan's ops (at least one): see :func:`derived`.
 DERIVE_MAX_SHARE = 0.1

@@ -66,6 +66,12 @@ class Builder(Protocol):
 Timer = Callable[[Mapping[str, "onnx.ModelProto"], Mapping[str, np.ndarray]], dict[str, float]]
 #: The quantized ops whose int8 cost exceeds their fp32 cost in a model (the profiler's).
 Blame = Callable[["onnx.ModelProto", frozenset[str]], list[str]]
+#: What the op latency table says about some ops (names) in a format, where they run int8
+#: in a model with some ops fp32 (profiled there when the table lacks them); None: it
+#: cannot decide (see :meth:`lpq_onnxrt.latency.blame.Profiler.verdict`).
+TableVerdict = Callable[
+    [Sequence[str], str, "onnx.ModelProto", frozenset[str]], "lpq.latency.table.Verdict | None"
+]
 
 
 @dataclass
@@ -101,11 +107,14 @@ def decide(
     blame: Blame | None = None,
     dynamic: Sequence[str] = (),
     error: Callable[[onnx.ModelProto], float] | None = None,
+    verdict: TableVerdict | None = None,
 ) -> LatencyDecision:
     """Measure and decide which of ``ops`` (name, op type) stay fp32 and which of
     ``dynamic`` (names of static ops that may run dynamically quantized) do; see the
-    package doc. ``error(model)``: its output error against fp32 on the measuring batch."""
+    package doc. ``error(model)``: its output error against fp32 on the measuring batch.
+    ``verdict``: the op latency table, asked before an op type is timed (step 2)."""
     search = _Search(build, ops, feed, formats, timer, margin, blame, dynamic, error)
+    search.verdict = verdict
     search.choose_format()
     search.try_dynamic()
     search.fp32, search.current = search.types_to_fp32(search.fmt, search.fp32, search.current)
@@ -144,10 +153,25 @@ class _Search:
         self.by_type: dict[str, list[str]] = {}
         for name, op_type in ops:
             self.by_type.setdefault(op_type, []).append(name)
+        self.verdict: TableVerdict | None = None
         self.fp32: frozenset[str] = frozenset()
         self.dyn: frozenset[str] = frozenset()
         self.fmt = formats[0]
-        self.current = build(self.fp32, self.fmt)
+        # The all-int8 model of each format is built once: step 1 builds every format's,
+        # step 3b starts from it again, and the profiler's first profile is of it.
+        self._built: dict[str, onnx.ModelProto] = {}
+        self.build = self._build_once
+        self._build = build
+        self.current = self.build(self.fp32, self.fmt)
+
+    def _build_once(
+        self, fp32: frozenset[str], fmt: str, dynamic: frozenset[str] = frozenset()
+    ) -> onnx.ModelProto:
+        if fp32 or dynamic:
+            return self._build(fp32, fmt, dynamic)
+        if fmt not in self._built:
+            self._built[fmt] = self._build(fp32, fmt)
+        return self._built[fmt]
 
     def decision(self) -> LatencyDecision:
         order = [name for name, _ in self.ops if name in self.fp32]
@@ -281,11 +305,43 @@ class _Search:
             trial = fp32 | frozenset(names)
             if trial == fp32 or len(trial) == len(self.ops):
                 continue  # nothing new; all-fp32 is checked last, against the fp32 model
-            candidate = self.build(trial, fmt, self.dyn - trial)
             what = f"{fmt}: {op_type} ({len(names)} ops) -> fp32"
+            told = self._from_table(names, fmt, current, fp32, what)
+            if told is not None:
+                if not told:
+                    fp32, current = trial, self.build(trial, fmt, self.dyn - trial)
+                continue
+            candidate = self.build(trial, fmt, self.dyn - trial)
             if self.better(current, candidate, what, tie=self.margin):
                 fp32, current = trial, candidate
         return fp32, current
+
+    def _from_table(
+        self,
+        names: Sequence[str],
+        fmt: str,
+        current: onnx.ModelProto,
+        fp32: frozenset[str],
+        what: str,
+    ) -> bool | None:
+        """Whether the op latency table says ``names`` run faster int8 (True) or fp32
+        (False) in ``fmt``, logged as a step; None: measure them in the model. With ops
+        running dynamically, it is left to timing (the table knows static kernels only).
+
+        A type the table finds faster in int8 is not timed for the tie rule (fp32 when
+        as fast and more faithful): at a ratio beyond ``DECISIVE`` only a type that is a
+        small share of the model could tie, and the fidelity step (small models) and
+        ``lpq tune`` judge fidelity."""
+        if self.verdict is None or self.dyn:
+            return None
+        told = self.verdict(names, fmt, current, fp32)
+        if told is None:
+            return None
+        self.steps.append({"change": what, "table": told.describe(), "kept": not told.quantize})
+        log.info(
+            "latency: %s: %s (%s)", what, told.describe(), "rejected" if told.quantize else "kept"
+        )
+        return bool(told.quantize)
 
     def blamed_to_fp32(
         self, fmt: str, fp32: frozenset[str], model: onnx.ModelProto, against: onnx.ModelProto

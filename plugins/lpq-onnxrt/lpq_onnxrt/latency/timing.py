@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 MIN_ROUNDS = 6
 #: At most this many rounds per comparison.
 MAX_ROUNDS = 200
+#: Seconds of idle-machine time per model a comparison may take (``latency_budget_s``).
+#: Only a close call uses it all (a clear one stops after ``MIN_ROUNDS``), and a close
+#: call still unclear at the end keeps the plan as it is (judged at the pessimistic
+#: bound). Was 1.0: on ddddocr's recognizer on 2 cores at load 8, comparisons that ran to
+#: the budget were most of the 50 CPU s latency-aware quantization cost; 0.3 s is 60
+#: rounds of a 5 ms model.
+DEFAULT_BUDGET_S = 0.3
 #: A comparison stops when the median ratio is this many standard errors from every edge.
 CLEAR_Z = 3.0
 #: ... and at least this far (relative): nothing is decided closer than timing can resolve.
@@ -64,7 +71,7 @@ def compare(
     runs: Mapping[str, Callable[[], float]],
     *,
     edges: Sequence[float] = (),
-    budget_s: float = 1.0,
+    budget_s: float = DEFAULT_BUDGET_S,
     min_rounds: int = MIN_ROUNDS,
     max_rounds: int = MAX_ROUNDS,
 ) -> dict[str, float]:
@@ -163,7 +170,10 @@ class OrtTimer:
     takes_edges = True
 
     def __init__(
-        self, options: Mapping[str, Any], budget_s: float = 1.0, min_runs: int = MIN_ROUNDS
+        self,
+        options: Mapping[str, Any],
+        budget_s: float = DEFAULT_BUDGET_S,
+        min_runs: int = MIN_ROUNDS,
     ) -> None:
         self.options = measuring_options(options)
         self.budget_s = budget_s
@@ -212,7 +222,7 @@ class OrtTimer:
 
 
 def ort_timer(
-    options: Mapping[str, Any], budget_s: float = 1.0, min_runs: int = MIN_ROUNDS
+    options: Mapping[str, Any], budget_s: float = DEFAULT_BUDGET_S, min_runs: int = MIN_ROUNDS
 ) -> Timer:
     """Time ONNX Runtime sessions (with :func:`measuring_options`), interleaved."""
     return OrtTimer(options, budget_s, min_runs)

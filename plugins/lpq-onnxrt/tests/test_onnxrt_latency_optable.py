@@ -1,0 +1,284 @@
+"""lpq-onnxrt and the op latency table (lpq.latency.table): op signatures, a decision read
+from the table with no timing, real ORT profiles filling it for later runs, and the same
+plan at two loads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import lpq
+from lpq.latency.table import LatencyTable, machine
+from lpq_onnxrt import model_io, range_choice, ranges
+from lpq_onnxrt.latency import blame, signature, timing
+from lpq_onnxrt.latency.decision import decide
+
+FEED = {"input": np.zeros((1, 1, 8, 8), np.float32)}
+
+
+@pytest.fixture(scope="module")
+def digits() -> dict[str, Any]:
+    from lpq_onnxrt.capability import build_capability, load_spec
+    from lpq_onnxrt.examples import digits_example
+    from lpq_onnxrt.fallback import read_float_inputs
+    from lpq_onnxrt.passes.static import static_pass
+
+    files = digits_example()
+    with np.load(files["calib"]) as calib:
+        loader = lpq.ArrayLoader(calib["input"], batch_size=50)
+    prepared = model_io.prepare(str(files["model"]))
+    cap = build_capability(prepared.model)
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
+    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
+    stats = ranges.statistics(prepared.model, prepared.key, candidates, loader, 100)
+    built: dict[tuple[frozenset[str], str], onnx.ModelProto] = {}
+
+    def build(
+        fp32_ops: frozenset[str], fmt: str, dynamic_ops: frozenset[str] = frozenset()
+    ) -> onnx.ModelProto:
+        if (fp32_ops, fmt) not in built:
+            ops = {n: c for (n, _), c in cfg.ops.items() if n not in fp32_ops}
+            model = model_io.copy_model(prepared.model)
+            if ops:
+                model, _ = static_pass(model, ops, cfg, stats, fmt)
+            built[fp32_ops, fmt] = read_float_inputs(model, prepared.model, list(fp32_ops))
+        return built[fp32_ops, fmt]
+
+    plan = {name: c for (name, _), c in cfg.ops.items()}
+    return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "plan": plan}
+
+
+def _int8_ops(model: onnx.ModelProto, names: list[str]) -> set[str]:
+    """Ops of ``names`` that run int8 in ``model`` (QDQ: read a DequantizeLinear)."""
+    from lpq_onnxrt.precision import INTEGER_KERNELS, owner_of
+
+    producer = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for node in model.graph.node:
+        owner = owner_of(node.name, names)
+        if owner is not None and node.op_type in INTEGER_KERNELS:
+            found.add(owner)
+        if node.name in names and any(
+            producer.get(i) is not None and producer[i].op_type == "DequantizeLinear"
+            for i in node.input
+        ):
+            found.add(node.name)
+    return found
+
+
+def _costs(digits: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """(fp32, int8) seconds: convs 3x faster in int8, the Gemm and MatMul 2x slower."""
+    return {n: (1.0, 0.33) if t == "Conv" else (1.0, 2.0) for n, t in digits["ops"]}
+
+
+class Load:
+    """A shared machine: load drifting between 1x and ``peak``x, spikes (2-5x) on a tenth
+    of the runs, and 10% log-normal noise on every run."""
+
+    def __init__(self, seed: int, peak: float) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.peak, self.runs = peak, 0
+        self.phase = self.rng.uniform(0, 2 * math.pi)
+
+    def factor(self) -> float:
+        self.runs += 1
+        drift = 1.0 + (self.peak - 1.0) * 0.5 * (1 + math.sin(self.phase + self.runs / 7.0))
+        spike = self.rng.uniform(2, 5) if self.rng.random() < 0.1 else 1.0
+        return drift * spike * float(np.exp(self.rng.normal(0, 0.1)))
+
+
+class ScriptedTimer:
+    """Whole-model seconds (a fixed 1 s plus each op's fp32 or int8 cost) at ``load``,
+    through the real interleaved statistics; counts its comparisons."""
+
+    takes_edges = True
+
+    def __init__(self, costs: dict[str, tuple[float, float]], load: Load | None = None) -> None:
+        self.costs, self.load = costs, load
+        self.calls = 0
+
+    def seconds(self, model: onnx.ModelProto) -> float:
+        int8 = _int8_ops(model, list(self.costs))
+        return 1.0 + sum(c[1] if n in int8 else c[0] for n, c in self.costs.items())
+
+    def __call__(
+        self, models: dict[str, onnx.ModelProto], feed: Any, edges: Any = ()
+    ) -> dict[str, float]:
+        self.calls += 1
+        load = self.load
+
+        def run(model: onnx.ModelProto) -> Callable[[], float]:
+            base = self.seconds(model)
+            return lambda: base * (load.factor() if load is not None else 1.0)
+
+        runs = {label: run(model) for label, model in models.items()}
+        return timing.compare(runs, edges=edges, budget_s=200.0)
+
+
+def _table(digits: dict[str, Any]) -> blame.TableParts:
+    key = machine(framework="onnxrt-test", framework_version="0", threads=1)
+    sigs = signature.signatures(digits["prepared"].model, digits["plan"], FEED)
+    return blame.TableParts(LatencyTable(None, key), sigs)
+
+
+def _profile_into(parts: blame.TableParts, costs: dict[str, tuple[float, float]], load: Load):
+    """What a profile records: each op's median over 10 interleaved runs of the fp32 and
+    the all-int8 model (as :func:`lpq_onnxrt.latency.blame._node_times`), at ``load``."""
+    fp32 = {n: [] for n in costs}
+    int8 = {n: [] for n in costs}
+    for _ in range(10):
+        factor = load.factor()
+        for name, (f, _) in costs.items():
+            fp32[name].append(f * factor)
+        factor = load.factor()
+        for name, (_, q) in costs.items():
+            int8[name].append(q * factor)
+    for name in costs:
+        signature_ = parts.signature(name, "qdq")
+        assert signature_ is not None
+        parts.table.record(signature_, float(np.median(fp32[name])), float(np.median(int8[name])))
+
+
+def test_signatures_are_shared_by_the_same_op_in_another_model(digits):
+    model = digits["prepared"].model
+    sigs = signature.signatures(model, digits["plan"], FEED)
+    assert set(sigs) == set(digits["plan"]) and all(s is not None for s in sigs.values())
+    conv1 = sigs["conv1"]
+    assert conv1 is not None and conv1["op_type"] == "Conv"
+    assert conv1["inputs"][0] == [onnx.TensorProto.FLOAT, [1, 1, 8, 8]]  # the feed's batch
+    assert "algorithm" not in str(conv1["config"])  # ranges change values, not kernels
+    # Another model with the same conv under other names: one table entry serves both.
+    other = model_io.copy_model(model)
+    rename = {"conv1": "stem", "input": "image"}
+    for node in other.graph.node:
+        node.name = rename.get(node.name, node.name)
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    other.graph.input[0].name = "image"
+    plan = {rename.get(n, n): c for n, c in digits["plan"].items()}
+    theirs = signature.signatures(other, plan, {"image": FEED["input"]})
+    assert LatencyTable.key(theirs["stem"] or {}) == LatencyTable.key(conv1)
+    # ... but not at another batch, nor with another stride.
+    at8 = signature.signatures(model, digits["plan"], {"input": np.zeros((8, 1, 8, 8))})
+    assert LatencyTable.key(at8["conv1"] or {}) != LatencyTable.key(conv1)
+    strided = model_io.copy_model(model)
+    conv = next(node for node in strided.graph.node if node.name == "conv1")
+    kept = [a for a in conv.attribute if a.name != "strides"]
+    conv.ClearField("attribute")
+    conv.attribute.extend([*kept, onnx.helper.make_attribute("strides", [2, 2])])
+    changed = signature.signatures(strided, digits["plan"], FEED)["conv1"]
+    assert changed is not None and changed["attributes"]["strides"] == [2, 2]
+    assert LatencyTable.key(changed) != LatencyTable.key(conv1)
+
+
+def test_op_types_are_decided_from_the_table_without_timing_them(digits):
+    costs = _costs(digits)
+    parts = _table(digits)
+    _profile_into(parts, costs, Load(0, 1.0))
+    profiler = blame.Profiler({}, FEED, digits["prepared"].model, list(costs), parts)
+    timer = ScriptedTimer(costs)
+    with_table = decide(
+        digits["build"],
+        digits["prepared"].model,
+        digits["ops"],
+        FEED,
+        formats=("qdq",),
+        timer=timer,
+        verdict=profiler.verdict,
+    )
+    slow = {n for n, t in digits["ops"] if t != "Conv"}
+    assert set(with_table.fp32_ops) == slow
+    from_table = [s for s in with_table.steps if "table" in s]
+    assert {s["change"].split(": ")[1].split(" ")[0] for s in from_table} == {
+        t for _, t in digits["ops"]
+    }
+    assert all("before_ms" not in s for s in from_table)
+    assert timer.calls == 1  # only "every op -> fp32", the check against the fp32 model
+    assert profiler.profiles == 0 and parts.table.hits == len(from_table)
+    # The same plan as timing every op type, for a third of the comparisons.
+    timed = ScriptedTimer(costs)
+    measured = decide(
+        digits["build"],
+        digits["prepared"].model,
+        digits["ops"],
+        FEED,
+        formats=("qdq",),
+        timer=timed,
+    )
+    assert set(measured.fp32_ops) == slow and timed.calls > timer.calls
+
+
+def test_an_undecided_table_leaves_the_op_type_to_timing(digits):
+    costs = _costs(digits)
+    parts = _table(digits)
+    types = dict(digits["ops"])
+    close = {n: (1.0, 0.9) if types[n] == "Conv" else c for n, c in costs.items()}
+    _profile_into(parts, close, Load(0, 1.0))  # convs only 10% faster: not decisive
+    profiler = blame.Profiler({}, FEED, digits["prepared"].model, list(costs), parts)
+    timer = ScriptedTimer(costs)
+    decided = decide(
+        digits["build"],
+        digits["prepared"].model,
+        digits["ops"],
+        FEED,
+        formats=("qdq",),
+        timer=timer,
+        verdict=profiler.verdict,
+    )
+    timed = [s["change"] for s in decided.steps if "before_ms" in s]
+    assert any("Conv" in change for change in timed)
+    assert not any("Conv" in s["change"] for s in decided.steps if "table" in s)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_same_plan_from_tables_filled_at_two_loads(digits, seed):
+    """One machine idle, the same machine at load drifting to 3x with spikes: the tables
+    their profiles fill decide alike, and the plans (timed at those loads) are the same."""
+    costs = _costs(digits)
+    plans = []
+    for load in (Load(seed, 1.0), Load(100 + seed, 3.0)):
+        parts = _table(digits)
+        _profile_into(parts, costs, load)
+        profiler = blame.Profiler({}, FEED, digits["prepared"].model, list(costs), parts)
+        decided = decide(
+            digits["build"],
+            digits["prepared"].model,
+            digits["ops"],
+            FEED,
+            formats=("qdq",),
+            timer=ScriptedTimer(costs, load),
+            verdict=profiler.verdict,
+        )
+        plans.append((tuple(sorted(decided.fp32_ops)), decided.quant_format))
+    assert plans[0] == plans[1]
+    assert set(plans[0][0]) == {n for n, t in digits["ops"] if t != "Conv"}
+
+
+def test_real_profiles_fill_the_table_for_the_next_run(digits, tmp_path):
+    """A real ORT profile (fp32 and the all-int8 model interleaved) records every int8
+    op it times; a later run on the same machine reads them back without a profile."""
+    options = {"latency_cache_dir": str(tmp_path)}
+    key = machine(framework="onnxrt-test", framework_version="0", threads=1)
+    sigs = signature.signatures(digits["prepared"].model, digits["plan"], FEED)
+    names = [n for n, _ in digits["ops"]]
+    convs = [n for n, t in digits["ops"] if t == "Conv"]
+    model = digits["build"](frozenset(), "qdq")
+    parts = blame.TableParts(LatencyTable.open(options, key), sigs)
+    first = blame.Profiler(options, FEED, digits["prepared"].model, names, parts)
+    first.verdict(convs, "qdq", model, frozenset())
+    assert first.profiles == 1
+    recorded = {n for n in names if parts.table.get(parts.signature(n, "qdq") or {}) is not None}
+    assert set(convs) <= recorded
+    for name in recorded:
+        entry = parts.table.get(parts.signature(name, "qdq") or {})
+        assert entry is not None and entry.float_ms > 0 and entry.quant_ms > 0
+    later_parts = blame.TableParts(LatencyTable.open(options, key), sigs)
+    later = blame.Profiler(options, FEED, digits["prepared"].model, names, later_parts)
+    later.verdict(convs, "qdq", model, frozenset())
+    assert later.profiles == 0, "the table on disk was not read"
+    assert later_parts.table.hits + later_parts.table.misses == 1
