@@ -8,6 +8,13 @@ hits the other's, and a spike moves one run of many. Every profile the search ta
 (fp32 cost, int8 cost) pair in the table, keyed by the op's signature (see
 :mod:`.signature`), so a later quantization of any model with that op reads it back
 instead of timing whole models.
+
+ORT fuses ops in the fp32 graph (Sigmoid and Mul into one QuickGelu named after the Mul;
+a Conv and the Add after it into one NCHWc conv named after the Conv's output). An op
+fused away has no fp32 time of its own and is not recorded; the op it was fused into is
+credited with both ops' time. That errs one way only: it makes int8 look *better* for
+the op that absorbed the other, so the table may keep an op type int8 that timing would
+have moved to fp32 (the plan as asked), never move one to fp32 that int8 runs faster.
 """
 
 from __future__ import annotations
