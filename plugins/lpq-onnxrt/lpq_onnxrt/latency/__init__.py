@@ -12,7 +12,10 @@ Rather than guess, this package *measures* on the machine at hand, in context:
    fast and no less faithful to fp32 on the measuring batch (activation ranges computed
    per run never clip, and one DynamicQuantizeLinear serves the three projections);
 2. op types, most expensive first: the plan with every op of that type in fp32 against the
-   current plan; the type goes back to fp32 when the model gets faster;
+   current plan; the type goes back to fp32 when the model gets faster. Where the op
+   latency table (:mod:`lpq.latency.table`, filled from the per-node profiles of step 3,
+   across models and runs) finds the type's ops 1.3x faster or slower in int8 at every
+   sample, it decides without a build or a timing;
 3. single ops the profiler blames (their int8 node plus the Q/DQ nodes around them cost
    more than the fp32 node did): tried together, kept in fp32 when the model gets faster,
    again while no round loses (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow
@@ -22,15 +25,17 @@ Rather than guess, this package *measures* on the machine at hand, in context:
    once each has its slow ops back in float);
 4. never slower than fp32: if the fp32 model beats the result, every op stays fp32.
 
-Every comparison times whole models, interleaved (a run of each, in turn, many times) and
-compares 20th percentiles, so drift on a shared machine hits both sides alike; a change is accepted
-only when it wins by ``margin``. The decisions (ops kept in fp32, the format) are cached on
-disk per model, machine, input shape, thread count and requested plan, so a tuning run and
-a later ``lpq quantize`` of the same model pay once.
+Every comparison times whole models, interleaved (a run of each, in turn, many times), at
+one sample unless ``latency_batch_size`` says otherwise, and judges the median of the
+per-round ratios, so drift on a shared machine hits both sides alike; a change is accepted
+only when it wins by ``margin`` at the pessimistic bound. The decisions (ops kept in
+fp32, the format) are cached on disk per model, machine, input shape, thread count and
+requested plan, so a tuning run and a later ``lpq quantize`` of the same model pay once.
 
 Modules, by job: :mod:`.aware` (whether it runs; the measuring feed, the cache, then the
 search, for one model), :mod:`.decision` (the search, ``decide``), :mod:`.timing`
 (interleaved measurement), :mod:`.blame` (per-node profiles: which ops int8 makes
-slower), :mod:`.fidelity` (output error against fp32) and :mod:`.cache` (decisions on
-disk, and decisions derived from a larger plan's).
+slower, and the op latency table they fill), :mod:`.signature` (an op's table key),
+:mod:`.fidelity` (output error against fp32) and :mod:`.cache` (decisions on disk, and
+decisions derived from a larger plan's).
 """
