@@ -62,7 +62,11 @@ def quantize(
     groups, floats = _group_ops(tune_cfg)
     fmt = _quant_format(tune_cfg.options)
     static: StaticResult | None = None
-    work, base = model_io.copy_model(prepared.model), prepared.model
+    # the weight-only pass only reads its input and writes a new model: alone, it needs
+    # no copy of the float weights (an LLM's prepared model is hundreds of MB)
+    alone = groups["weight_only"] and not groups["static"] and not groups["dynamic"]
+    work = prepared.model if alone else model_io.copy_model(prepared.model)
+    base = prepared.model
     if groups["static"]:
         from .passes.static_plan import quantize_static
 
