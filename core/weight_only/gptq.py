@@ -97,15 +97,18 @@ class GPTQResult:
 
 
 def _inverse_cholesky_upper(h: npt.NDArray[np.float64], damp: float) -> npt.NDArray[np.float64]:
-    """Upper Cholesky factor of ``(H + damp*I)^-1`` (rows drive the error feedback)."""
+    """Upper Cholesky factor ``U`` of ``(H + damp*I)^-1`` (``U^T U``; rows drive the error
+    feedback), from one Cholesky and one triangular inverse: with ``J`` the reversal,
+    ``J H J = L L^T`` gives ``H = T T^T`` for the upper ``T = J L J``, so
+    ``H^-1 = (T^-1)^T T^-1`` and ``U = T^-1``. (Inverting ``H`` and factoring again, as
+    the reference does, costs twice as much: 1 s of a layer's 2 on SmolLM2's 1536-wide
+    down_proj.)"""
     k = h.shape[0]
     hd = h + damp * np.eye(k)
     try:
-        lower = np.linalg.cholesky(hd)
-        eye = np.eye(k)
-        linv = np.linalg.solve(lower, eye)
-        hinv = linv.T @ linv
-        return np.asarray(np.linalg.cholesky(hinv).T)
+        lower = np.linalg.cholesky(hd[::-1, ::-1])
+        upper = np.ascontiguousarray(lower[::-1, ::-1])
+        return np.asarray(np.triu(np.linalg.inv(upper)))
     except np.linalg.LinAlgError as exc:
         raise DataError(
             "the damped Hessian is not positive definite",

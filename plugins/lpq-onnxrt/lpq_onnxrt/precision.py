@@ -5,7 +5,9 @@ QuantizeLinear`` into an integer kernel only where it has one; elsewhere the op 
 float between the pair. So the answer comes from the *optimized* graph of a session built
 with the model's own session options: an op is int8 when a node named after it is an
 integer kernel (QLinearConv, QGemm, MatMulInteger, ...), int4/uint4 for MatMulNBits,
-fp16/bf16 when lpq's casts wrap it, fp32 otherwise.
+fp16/bf16 when lpq's casts wrap it, fp32 otherwise. A weight-only model is read from its
+own graph: the MatMulNBits / GatherBlockQuantized nodes lpq writes run as written, and a
+session over an LLM would hold a second copy of its weights.
 """
 
 from __future__ import annotations
@@ -90,11 +92,21 @@ def quantized_ops(model: Any) -> dict[str, str]:
         name: cfg.weight.dtype if cfg.weight is not None else cfg.precision
         for (name, _), cfg in model.tune_cfg.ops.items()
     }
-    for node in optimized_graph(model.proto, dict(model.options)).node:
+    modes = {cfg.mode for cfg in model.tune_cfg.ops.values() if cfg.quantized}
+    # weight-only nodes run as lpq wrote them: the graph is the truth, no session needed
+    # (an LLM's session costs a full copy of its weights)
+    graph = (
+        model.proto.graph
+        if modes <= {"weight_only"}
+        else optimized_graph(model.proto, dict(model.options))
+    )
+    for node in graph.node:
         owner = owner_of(node.name, names)
         if owner is None:
             continue
-        if node.op_type in INTEGER_KERNELS:
+        if node.op_type == "GatherBlockQuantized":
+            found[owner] = f"int{next((a.i for a in node.attribute if a.name == 'bits'), 4)}"
+        elif node.op_type in INTEGER_KERNELS:
             found[owner] = "int8"
         elif node.op_type == "MatMulNBits":
             bits = next((a.i for a in node.attribute if a.name == "bits"), 4)

@@ -101,6 +101,45 @@ def _value(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
     return np.asarray(numpy_helper.to_array(tensor, str(base_dir or "")))
 
 
+def array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of an in-memory tensor as a read-only array, copied once: protobuf
+    hands ``raw_data`` out as a new ``bytes`` object, which the array views (onnx's
+    ``to_array`` copies it a second time)."""
+    from onnx import numpy_helper
+
+    dtype = _np_dtype(tensor.data_type)
+    if dtype is not None and tensor.HasField("raw_data") and not _external(tensor):
+        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    return np.asarray(numpy_helper.to_array(tensor))
+
+
+def header(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A header-only copy of ``tensor`` (name, dims, type) marked detached: its values
+    go to a session as an array (:func:`session`)."""
+    return _header(tensor)
+
+
+def bare(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model``'s fields but its graph (IR version, opsets, local functions):
+    the start of a sub-model."""
+    import onnx
+
+    light = onnx.ModelProto()
+    _copy_fields(light, model, "graph")
+    return light
+
+
+def shell(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without a single initializer (graph, inputs, outputs, opsets,
+    metadata): the start of a model written tensor by tensor."""
+    import onnx
+
+    light = onnx.ModelProto()
+    _copy_fields(light, model, "graph")
+    _copy_fields(light.graph, model.graph, "initializer")
+    return light
+
+
 def _copy_fields(dst: Any, src: Any, skip: str) -> None:
     for field, value in src.ListFields():
         if field.name == skip:

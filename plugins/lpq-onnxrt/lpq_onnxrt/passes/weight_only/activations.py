@@ -1,5 +1,9 @@
 """Streaming statistics of MatMul inputs for GPTQ, AWQ and the scale search.
 
+:class:`Need`, :class:`TensorStats` and :func:`add` are what every calibration path
+fills; decoders run one layer at a time (:mod:`.stages`). :func:`collect` is the path for
+models that cannot be cut by layer: the whole model in budgeted chunks of tensors.
+
 GPTQ needs each layer's input Hessian, AWQ a sample of its input rows, the scale search
 the mean square of each input channel. Holding every layer's activations for every
 calibration window would take gigabytes on an LLM, so the statistics are accumulated as
@@ -54,6 +58,11 @@ class TensorStats:
     count: int = 0
     rows: list[npt.NDArray[np.float32]] = field(default_factory=list)
 
+    @classmethod
+    def start(cls, need: Need) -> TensorStats:
+        """Empty statistics for a tensor that must be summarised as ``need`` says."""
+        return cls(need.k, HessianAccumulator(need.k) if need.hessian else None)
+
     def importance(self) -> npt.NDArray[np.float64] | None:
         """Mean square of each input channel (the scale search's weighting)."""
         if self.sumsq is None or self.count == 0:
@@ -65,7 +74,8 @@ class TensorStats:
         return np.concatenate(self.rows, axis=0) if self.rows else np.zeros((0, self.k), np.float32)
 
 
-def _add(stats: TensorStats, need: Need, value: np.ndarray) -> None:
+def add(stats: TensorStats, need: Need, value: np.ndarray) -> None:
+    """Fold one batch's ``value`` of the tensor into ``stats``."""
     x = np.asarray(value, dtype=np.float32).reshape(-1, stats.k)
     if stats.hessian is not None:
         stats.hessian.add(x)
@@ -110,10 +120,7 @@ def collect(
 ) -> dict[str, TensorStats]:
     """Run ``calib`` through ``model`` (not modified) and summarise every tensor in
     ``needs``, one chunk of tensors at a time (see the module docstring)."""
-    stats = {
-        name: TensorStats(need.k, HessianAccumulator(need.k) if need.hessian else None)
-        for name, need in needs.items()
-    }
+    stats = {name: TensorStats.start(need) for name, need in needs.items()}
     chunks = _chunks(needs, _tokens_per_batch(model, calib), budget_bytes)
     # one detached copy for every chunk's session: the weights are held once, as arrays
     # ORT reads in place (no serialized model, no ORT copy, no pre-packed copies)
@@ -157,7 +164,7 @@ def _run_chunk(
         values = dict(zip(extra, session.run(extra, feed))) if extra else {}
         for name in chunk:
             value = values[name] if name in values else feed[name]
-            _add(stats[name], needs[name], value)
+            add(stats[name], needs[name], value)
         batches += 1
     if batches == 0:
         raise DataError("the calibration data is empty", hint="pass at least one token window")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lpq import ConfigError, OpConfig
+from lpq.weight_only import BlockQuantized
 
 if TYPE_CHECKING:
     import onnx
@@ -157,19 +158,20 @@ LM_HEAD_MAX_KL = 0.01
 
 
 def measure_lm_head(
-    weight: np.ndarray, hidden: np.ndarray, choice: LayerChoice, options: Mapping[str, Any]
+    weight: np.ndarray,
+    hidden: np.ndarray,
+    quantized: BlockQuantized,
+    options: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """fp32 against int8 (RTN, ``choice``'s block) logits of the head on ``hidden`` (its
-    input rows from the calibration windows): top-1 agreement, mean KL, and whether int8
-    is kept (``options``: ``lm_head_min_agreement``, ``lm_head_max_kl``)."""
-    from lpq.weight_only import quantize_rtn
+    """fp32 against int8 (``quantized``: the head's RTN codes) logits of the head on
+    ``hidden`` (its input rows from the calibration windows): top-1 agreement, mean KL,
+    and whether int8 is kept (``options``: ``lm_head_min_agreement``, ``lm_head_max_kl``)."""
     from lpq.weight_only.metrics import mean_kl, top1_agreement
 
-    q = quantize_rtn(weight, 8, choice.block_size, choice.symmetric).dequantize()
     agree, kls, rows = 0.0, 0.0, 0
-    for start in range(0, len(hidden), 64):  # (64, vocab) logits at a time
-        x = np.asarray(hidden[start : start + 64], dtype=np.float32)
-        ref, cand = x @ weight, x @ q
+    for start in range(0, len(hidden), 128):  # (128, vocab) logits at a time
+        x = np.asarray(hidden[start : start + 128], dtype=np.float32)
+        ref, cand = x @ weight, dequantized_product(x, quantized)
         agree += top1_agreement(ref, cand) * len(x)
         kls += mean_kl(ref, cand) * len(x)
         rows += len(x)
@@ -183,3 +185,23 @@ def measure_lm_head(
         "thresholds": {"min_agreement": need, "max_kl": most},
         "int8": bool(rows and agreement >= need and kl <= most),
     }
+
+
+def dequantized_product(
+    x: np.ndarray, quantized: BlockQuantized, columns: int = 4096
+) -> np.ndarray:
+    """``x @ quantized.dequantize()``, dequantizing a few thousand columns at a time: the
+    whole float head (49152 wide) and its temporaries would take 400 MB more."""
+    from lpq.weight_only import dequantize_blocks
+
+    out = np.empty((x.shape[0], quantized.shape[1]), dtype=np.float32)
+    for at in range(0, quantized.shape[1], columns):
+        part = slice(at, at + columns)
+        deq = dequantize_blocks(
+            quantized.codes[:, part],
+            quantized.scales[:, part],
+            quantized.zero_points[:, part],
+            quantized.block_size,
+        )
+        out[:, part] = x @ deq
+    return out
