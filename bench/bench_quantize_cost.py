@@ -35,6 +35,13 @@ on a shared machine differed by 2x).
 
 Prints a table and writes ``bench/results/quantize_cost.json`` with
 ``lpq.cpu_features().as_dict()``, the load average before and after, and every number.
+
+``--speed`` then times what each variant wrote against the fp32 model (one intra-op
+thread, at batch 1, and at ``--speed-batch`` too where the model's batch is not fixed;
+``lpq.latency.interleaved``: round-robin, paired per-round ratios) and reads the fidelity
+``lpq quantize`` printed (agreement with fp32 on its held-out fifth): a cheaper search must
+not buy its cost with a slower or less faithful model. ``--speed-from JSON`` does only
+that, for the models an earlier run wrote (their paths are in its JSON).
 """
 
 from __future__ import annotations
@@ -159,6 +166,88 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     }
 
 
+def fidelity_of(log: str) -> float | None:
+    """The fidelity ``lpq quantize`` printed (None for ORT, or when it printed none)."""
+    try:
+        found = re.findall(r"^fidelity ([0-9.]+)", Path(log).read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return float(found[-1]) if found else None
+
+
+def with_paths(rows: list[dict[str, Any]], folders: list[Path] | None) -> None:
+    """Rows of a JSON written before rows held ``source`` and ``out``: derived from the
+    log's folder (the variant's model is written beside its log) and ``locate``."""
+    for row in rows:
+        if "out" not in row:
+            row["out"] = str(Path(row["log"]).parent / f"{row['model']}-{row['variant']}.onnx")
+        if "source" not in row:
+            distribution, file, *_ = MODELS[row["model"]]
+            row["source"] = str(locate(distribution, file, folders))
+
+
+def speeds(rows: list[dict[str, Any]], batch: int, budget_s: float) -> None:
+    """Per model: fp32 and every variant's model timed interleaved at ``batch`` (samples
+    of noise at the model's input shape; a fixed batch stays as it is); adds
+    ``speedup_b<batch>`` (fp32 / variant, the median of paired per-round ratios),
+    ``ms_b<batch>`` and ``noise_b<batch>`` to the rows, and ``fidelity``."""
+    import onnxruntime as ort
+
+    from lpq.latency import interleaved
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    for name in dict.fromkeys(row["model"] for row in rows):
+        mine = [r for r in rows if r["model"] == name and r["rc"] == 0 and Path(r["out"]).exists()]
+        if not mine:
+            continue
+        sessions = {"fp32": ort.InferenceSession(mine[0]["source"], options)}
+        for row in list(mine):
+            try:
+                sessions[row["variant"]] = ort.InferenceSession(row["out"], options)
+            except Exception as exc:  # ORT's per-channel QDQ below opset 13 does not load
+                row["load_error"] = str(exc).splitlines()[0][:200]
+                mine.remove(row)
+        spec = sessions["fp32"].get_inputs()[0]
+        _, _, shape, _, (lo, hi) = MODELS[name]
+        dims = [d if isinstance(d, int) else None for d in spec.shape]
+        first = batch if dims[0] is None else dims[0]
+        if first != batch:
+            continue  # a fixed batch: timed at batch 1 only
+        x = np.random.default_rng(0).uniform(lo, hi, (first, *shape)).astype(np.float32)
+        feed = {spec.name: x}
+        runs = {label: (lambda s=s, f=feed: s.run(None, f)) for label, s in sessions.items()}
+        timing = interleaved(runs, budget_s=budget_s, min_rounds=15)
+        for row in mine:
+            row[f"ms_b{batch}"] = round(timing.ms(row["variant"]), 4)
+            row[f"speedup_b{batch}"] = round(1.0 / timing.ratio(row["variant"], "fp32"), 3)
+            row[f"noise_b{batch}"] = round(timing.noise(row["variant"], "fp32"), 3)
+            row[f"fp32_ms_b{batch}"] = round(timing.ms("fp32"), 4)
+            row["fidelity"] = fidelity_of(row["log"])
+
+
+def print_speeds(rows: list[dict[str, Any]], batches: list[int]) -> None:
+    print(
+        f"\n{'model':8} {'variant':16} {'fidelity':>8} "
+        + " ".join(f"{'b' + str(b) + ' fp32/variant':>18}" for b in batches)
+    )
+    for row in rows:
+        if row["rc"] != 0:
+            continue
+        if "load_error" in row:
+            print(f"{row['model']:8} {row['variant']:16} does not load: {row['load_error'][:60]}")
+            continue
+        cells = []
+        for b in batches:
+            got = row.get(f"speedup_b{b}")
+            cells.append(
+                f"{got:>10.2f}x +-{row[f'noise_b{b}']:.0%}" if got is not None else f"{'-':>18}"
+            )
+        fidelity = row.get("fidelity")
+        shown = f"{fidelity:.3f}" if fidelity is not None else "-"
+        print(f"{row['model']:8} {row['variant']:16} {shown:>8} " + " ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="rec,cls")
@@ -180,7 +269,24 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "quantize_cost.json"
     )
+    parser.add_argument("--speed", action="store_true", help="time the written models too")
+    parser.add_argument("--speed-batch", type=int, default=8)
+    parser.add_argument("--speed-budget", type=float, default=3.0, help="seconds per model")
+    parser.add_argument(
+        "--speed-from", type=Path, default=None, help="only time the models of this JSON"
+    )
     args = parser.parse_args()
+    batches = sorted({1, args.speed_batch})
+    if args.speed_from is not None:
+        saved = json.loads(args.speed_from.read_text(encoding="utf-8"))
+        with_paths(saved["rows"], args.models_dir)
+        for batch in batches:
+            speeds(saved["rows"], batch, args.speed_budget)
+        saved["speed_load"] = os.getloadavg()
+        print_speeds(saved["rows"], batches)
+        args.speed_from.write_text(json.dumps(saved, indent=2, default=str), encoding="utf-8")
+        print(f"load {saved['speed_load']}; wrote {args.speed_from}")
+        return
 
     import onnxruntime
 
@@ -202,7 +308,8 @@ def main() -> None:
         calib = work / f"{name}-calib.npz"
         # text_like is in [-1, 1]: mapped onto the model's input range
         images = (text_like(args.samples, shape, seed=1) + 1) / 2 * (hi - lo) + lo
-        np.savez(calib, **{input_name: images.astype(np.float32)})
+        arrays: dict[str, Any] = {input_name: images.astype(np.float32)}
+        np.savez(calib, **arrays)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for variant in variants:
             out = work / f"{name}-{variant}.onnx"
@@ -226,6 +333,7 @@ def main() -> None:
                     variant += "@base"
             print(f"{name} {variant} ...", flush=True)
             row = {"model": name, "file": file, "variant": variant}
+            row["source"], row["out"] = str(model), str(out)
             row.update(timed(command, run_env, work / f"{name}-{variant.replace('@', '-')}.log"))
             rows.append(row)
             print(
@@ -254,6 +362,10 @@ def main() -> None:
             f"{row.get('cpu_x_ort', ''):>6} {row['wall_s']:>8} {row['peak_rss_mb']:>8} "
             f"{row.get('rss_x_ort', ''):>6}"
         )
+    if args.speed:
+        for batch in batches:
+            speeds(rows, batch, args.speed_budget)
+        print_speeds(rows, batches)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "label": args.label,
