@@ -456,3 +456,26 @@ def test_mse_range_is_near_the_numpy_brute_force_optimum(shape: str) -> None:
     if shape == "heavy_tail":
         assert ours < 0.9 * minmax  # clipping outliers pays off
     assert ours <= minmax * 1.001
+
+
+def test_binning_in_slices_counts_every_value_once_in_its_bin() -> None:
+    """A chunk larger than one binning slice: the sign-split histograms equal a numpy
+    count of floor(|x| / bin width), over all the values."""
+    from lpq_onnxrt.calibration import histogram
+
+    rng = np.random.default_rng(7)
+    data = rng.normal(0.0, 2.0, size=3 * histogram._BIN_SLICE + 7).clip(-7.9, 7.9)
+    data = data.astype(np.float32)
+    data[:5] = [0.0, -0.0, 7.99, -7.99, 1e-9]
+    data[-1] = 8.0  # the bound: the last bin
+    stats = CalibrationStats(NUM_BINS)
+    stats.update("t", data)
+    tensor = stats._tensors["t"]
+    assert tensor.bound == 8.0
+    index = np.minimum(np.floor(np.abs(data.astype(np.float64)) * NUM_BINS / 8.0), NUM_BINS - 1)
+    index = index.astype(np.int64)
+    positive = np.bincount(index[~(data < 0)], minlength=NUM_BINS)
+    negative = np.bincount(index[data < 0], minlength=NUM_BINS)
+    assert np.array_equal(tensor.positive, positive)
+    assert np.array_equal(tensor.negative, negative)
+    assert int(tensor.positive.sum() + tensor.negative.sum()) == data.size

