@@ -73,24 +73,37 @@ def find(run: Runner, feeds: Sequence[Feed], probe: int = PROBE_FEEDS) -> Stream
     ]
     if not candidates:
         return None
-    outputs = [[np.asarray(value) for value in run(feed)] for feed in head]
+    outputs: list[list[np.ndarray]] = []
+    # matches / misses per (state input, output index), pair by pair: feed k's outputs
+    # against feed k+1's inputs. Feeds are run one at a time, and no more once no pair
+    # can become a link whatever the remaining feeds hold (independent batches: ddddocr
+    # det ran 8 of its 16 probe feeds, not all).
+    counts: dict[tuple[str, int], list[int]] = {}
+    pairs = len(head) - 1
+    for k in range(pairs):
+        outputs.append([np.asarray(value) for value in run(head[k])])
+        for name in candidates:
+            given = np.asarray(head[k + 1][name])
+            if not np.any(given):
+                continue  # a stream starts here; nothing to continue
+            for index, returned in enumerate(outputs[k]):
+                tally = counts.setdefault((name, index), [0, 0])
+                tally[0 if _same(given, returned) else 1] += 1
+        remaining = pairs - k - 1
+        if all(
+            matches + remaining < max(MIN_MATCHES, misses) for matches, misses in counts.values()
+        ) and len(counts) == len(candidates) * len(outputs[0]):
+            return None
     links: dict[str, int] = {}
     for name in candidates:
         for index in range(len(outputs[0])):
-            matches = misses = 0
-            for k in range(len(head) - 1):
-                given = np.asarray(head[k + 1][name])
-                if not np.any(given):
-                    continue  # a stream starts here; nothing to continue
-                if _same(given, outputs[k][index]):
-                    matches += 1
-                else:
-                    misses += 1
+            matches, misses = counts.get((name, index), (0, 0))
             if matches >= MIN_MATCHES and matches >= misses:
                 links[name] = index
                 break
     if not links:
         return None
+    outputs.append([np.asarray(value) for value in run(head[-1])])
     outputs += [[np.asarray(value) for value in run(feed)] for feed in feeds[len(head) :]]
     chains: list[list[int]] = []
     for k, feed in enumerate(feeds):

@@ -91,6 +91,48 @@ def test_independent_batches_are_not_streams():
     assert streams.find(_run(model), feeds) is None
 
 
+def test_independent_batches_stop_the_probe_once_no_link_is_possible():
+    """16 probe feeds, none continuing the one before: once misses outnumber what the
+    remaining feeds could match, no more feeds run (the answer is the same)."""
+    model = _recurrent_model()
+    rng = np.random.default_rng(3)
+    feeds = [
+        {
+            "x": rng.normal(0, 1, (1, FEATURES)).astype(np.float32),
+            "state": rng.normal(0, 0.3, (1, HIDDEN)).astype(np.float32),
+        }
+        for _ in range(40)
+    ]
+    runs: list[int] = []
+    run = _run(model)
+
+    def counted(feed: Any) -> Any:
+        runs.append(1)
+        return run(feed)
+
+    assert streams.find(counted, feeds) is None
+    pairs = streams.PROBE_FEEDS - 1
+    # a link needs matches >= misses: after m misses, pairs - m left to match
+    assert len(runs) == pairs // 2 + 1 < streams.PROBE_FEEDS
+
+
+def test_a_stream_found_late_in_the_probe_still_counts():
+    """Independent batches first, then a recorded stream: the probe must not stop while
+    the remaining feeds could still make a link."""
+    model = _recurrent_model()
+    rng = np.random.default_rng(4)
+    noise = [
+        {
+            "x": rng.normal(0, 1, (1, FEATURES)).astype(np.float32),
+            "state": rng.normal(0, 0.3, (1, HIDDEN)).astype(np.float32),
+        }
+        for _ in range(5)
+    ]
+    feeds = noise + _recorded_streams(model)
+    found = streams.find(_run(model), feeds)
+    assert found is not None and found.links == {"state": 1}
+
+
 def test_select_takes_whole_chains_evenly_spread():
     found = streams.Streams({"state": 1}, [list(range(i * 5, i * 5 + 5)) for i in range(4)])
     assert found.select(100) == found.chains
