@@ -282,3 +282,34 @@ def test_real_profiles_fill_the_table_for_the_next_run(digits, tmp_path):
     later.verdict(convs, "qdq", model, frozenset())
     assert later.profiles == 0, "the table on disk was not read"
     assert later_parts.table.hits + later_parts.table.misses == 1
+
+
+def test_a_type_the_profile_predicts_much_slower_in_fp32_is_not_timed(digits):
+    """No table entry: the current model's own profile predicts the Gemm and MatMul 2x
+    slower in fp32 (far past every band a change could be kept in): kept int8 untimed.
+    The convs, predicted only 5% slower, are timed."""
+    costs = {n: (1.0, 0.5) for n, _ in digits["ops"]}
+    types = dict(digits["ops"])
+    asked: list[tuple[str, ...]] = []
+
+    def slowdown(names: Any, model: onnx.ModelProto, fp32_ops: frozenset[str]) -> float:
+        asked.append(tuple(sorted(names)))
+        return 0.05 if all(types[n] == "Conv" for n in names) else 1.0
+
+    timer = ScriptedTimer(costs)
+    decided = decide(
+        digits["build"],
+        digits["prepared"].model,
+        digits["ops"],
+        FEED,
+        formats=("qdq",),
+        timer=timer,
+        slowdown=slowdown,
+    )
+    predicted = [s for s in decided.steps if "profile" in s]
+    assert {s["change"].split(": ")[1].split(" ")[0] for s in predicted} == {"Gemm", "MatMul"}
+    assert all(not s["kept"] and "before_ms" not in s for s in predicted)
+    timed = [s["change"] for s in decided.steps if "before_ms" in s]
+    assert any("Conv" in change for change in timed)
+    assert decided.fp32_ops == []
+    assert len(asked) == len(set(types.values()))

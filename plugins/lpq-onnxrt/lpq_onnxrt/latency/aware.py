@@ -158,6 +158,7 @@ def latency_decision(
         dynamic=dynamic,
         error=error,
         verdict=getattr(blamer, "verdict", None),
+        slowdown=getattr(blamer, "slowdown", None),
     )
     if table is not None:
         log.info(

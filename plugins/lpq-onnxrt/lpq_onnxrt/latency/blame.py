@@ -101,6 +101,8 @@ class Profiler:
         }
         # The last profiled model (by identity) and its per-op (fp32 ms, int8 ms).
         self._last: tuple[onnx.ModelProto, dict[str, tuple[float, float]]] | None = None
+        #: the last profiled model's time: the sum of its nodes' medians (ms)
+        self._total = 0.0
         self.profiles = 0
 
     def costs(
@@ -113,6 +115,7 @@ class Profiler:
         quantized = [name for name in self.ops if name not in fp32_ops]
         times, fp32_times = _node_times([model, self.fp32_model], self.options, self.feed)
         self.profiles += 1
+        self._total = sum(timed.ms for timed in times.values())
         int8_cost = _attribute(times, quantized, self.by_output, with_qdq=True)
         fp32_cost = _attribute(
             fp32_times, quantized, self.by_output, with_qdq=False, upstream=self.upstream
@@ -144,6 +147,18 @@ class Profiler:
         ):
             self.costs(model, fp32_ops)
         return table.verdict(known)
+
+    def slowdown(
+        self, names: Sequence[str], model: onnx.ModelProto, fp32_ops: frozenset[str]
+    ) -> float:
+        """How much slower ``model`` would run with ``names`` back in fp32, as a share of
+        its time, read off its profile (profiled once per model): their fp32 costs minus
+        their int8 costs (Q/DQ shares included). Only a prediction (new Q/DQ nodes around
+        them are not counted; a fused-away op's fp32 time is credited to the op that
+        absorbed it): :meth:`_Search._from_table` acts on it only far from a threshold."""
+        costs = self.costs(model, fp32_ops)
+        delta = sum(costs[name][0] - costs[name][1] for name in names if name in costs)
+        return delta / self._total if self._total > 0 else 0.0
 
     def _record(self, model: onnx.ModelProto, costs: Mapping[str, tuple[float, float]]) -> None:
         if self.parts is None:

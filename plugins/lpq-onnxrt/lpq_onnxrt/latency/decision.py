@@ -72,6 +72,13 @@ Blame = Callable[["onnx.ModelProto", frozenset[str]], list[str]]
 TableVerdict = Callable[
     [Sequence[str], str, "onnx.ModelProto", frozenset[str]], "lpq.latency.table.Verdict | None"
 ]
+#: How much slower a model would run with some ops (names) back in fp32, from its own
+#: per-node profile (see :meth:`lpq_onnxrt.latency.blame.Profiler.slowdown`).
+Slowdown = Callable[[Sequence[str], "onnx.ModelProto", frozenset[str]], float]
+#: An op type the current model's profile predicts at least this much slower in fp32 (a
+#: share of the model's time) is kept int8 without a build or a timing: twice the widest
+#: band (``DYNAMIC_TIE``) any rule of :meth:`_Search.better` could keep a change in.
+PREDICTED_SLOWER = 2 * DYNAMIC_TIE
 
 
 @dataclass
@@ -108,13 +115,15 @@ def decide(
     dynamic: Sequence[str] = (),
     error: Callable[[onnx.ModelProto], float] | None = None,
     verdict: TableVerdict | None = None,
+    slowdown: Slowdown | None = None,
 ) -> LatencyDecision:
     """Measure and decide which of ``ops`` (name, op type) stay fp32 and which of
     ``dynamic`` (names of static ops that may run dynamically quantized) do; see the
     package doc. ``error(model)``: its output error against fp32 on the measuring batch.
-    ``verdict``: the op latency table, asked before an op type is timed (step 2)."""
+    ``verdict``: the op latency table, asked before an op type is timed (step 2);
+    ``slowdown``: the in-model prediction asked next (see :data:`PREDICTED_SLOWER`)."""
     search = _Search(build, ops, feed, formats, timer, margin, blame, dynamic, error)
-    search.verdict = verdict
+    search.verdict, search.slowdown = verdict, slowdown
     search.choose_format()
     search.try_dynamic()
     search.fp32, search.current = search.types_to_fp32(search.fmt, search.fp32, search.current)
@@ -154,6 +163,7 @@ class _Search:
         for name, op_type in ops:
             self.by_type.setdefault(op_type, []).append(name)
         self.verdict: TableVerdict | None = None
+        self.slowdown: Slowdown | None = None
         self.fp32: frozenset[str] = frozenset()
         self.dyn: frozenset[str] = frozenset()
         self.fmt = formats[0]
@@ -332,16 +342,31 @@ class _Search:
         as fast and more faithful): at a ratio beyond ``DECISIVE`` only a type that is a
         small share of the model could tie, and the fidelity step (small models) and
         ``lpq tune`` judge fidelity."""
-        if self.verdict is None or self.dyn:
+        if self.dyn:
             return None
-        told = self.verdict(names, fmt, current, fp32)
+        told = None if self.verdict is None else self.verdict(names, fmt, current, fp32)
         if told is None:
-            return None
+            return self._from_profile(names, current, fp32, what)
         self.steps.append({"change": what, "table": told.describe(), "kept": not told.quantize})
         log.info(
             "latency: %s: %s (%s)", what, told.describe(), "rejected" if told.quantize else "kept"
         )
         return bool(told.quantize)
+
+    def _from_profile(
+        self, names: Sequence[str], current: onnx.ModelProto, fp32: frozenset[str], what: str
+    ) -> bool | None:
+        """True (keep int8, not timed) when the current model's profile predicts ``names``
+        in fp32 at least :data:`PREDICTED_SLOWER` slower; else None (timed)."""
+        if self.slowdown is None:
+            return None
+        slower = self.slowdown(names, current, fp32)
+        if slower < PREDICTED_SLOWER:
+            return None
+        said = f"predicted {slower:+.0%} slower in fp32 from the model's profile"
+        self.steps.append({"change": what, "profile": said, "kept": False})
+        log.info("latency: %s: %s (rejected)", what, said)
+        return True
 
     def blamed_to_fp32(
         self, fmt: str, fp32: frozenset[str], model: onnx.ModelProto, against: onnx.ModelProto
