@@ -184,14 +184,23 @@ def untie_embedding(proto: Any) -> Any:
 
 
 def nncf_int4(
-    ctx: BuildContext, sym: bool, group: int, ignore: tuple[str, ...] = (), **options: bool
+    ctx: BuildContext,
+    sym: bool,
+    group: int,
+    ignore: tuple[str, ...] = (),
+    backup: str | None = None,
+    **options: bool,
 ) -> Path:
     """NNCF compress_weights on the (untied) ONNX model, every decoder MatMul int4 (ratio 1.0).
 
     NNCF's default keeps the embedding and the last MatMul (lm_head) in its 8-bit backup
     mode (int8 asym per channel); rows leave that default, as a user would, unless named
     ``-all`` (``all_layers=True``: both int4) or ``-lmhead4`` (``all_layers=True`` with the
-    embedding ``Gather`` in ``ignored_scope``: lm_head int4, the embedding fp32).
+    embedding ``Gather`` in ``ignored_scope``: lm_head int4, the embedding fp32) or
+    ``-backup-none`` (``backup_mode=NONE``: both stay fp32). Why the variants: ONNX
+    Runtime fuses NNCF's 4-bit ``DequantizeLinear`` + ``MatMul`` into ``MatMulNBits``
+    but runs the int8 per-channel ``DequantizeLinear`` of the 49152 x 576 embedding and
+    lm_head on every call, so the default rows are accurate but decode slowly.
     ``options`` go to ``compress_weights`` as they are (awq, scale_estimation, gptq, ...).
     Group 128 does not divide SmolLM2's 576-wide inputs; NNCF's default fallback is to
     raise, so rows use its ``GroupSizeFallbackMode.ADJUST``: those MatMuls get the largest
@@ -212,6 +221,7 @@ def nncf_int4(
         group_size=group,
         dataset=nncf.Dataset(calib_feeds(ctx, ctx.fp32_onnx)),
         ignored_scope=nncf.IgnoredScope(names=list(ignore)) if ignore else None,
+        backup_mode=nncf.BackupMode(backup) if backup else None,
         advanced_parameters=nncf.AdvancedCompressionParameters(
             group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST
         ),
@@ -377,6 +387,13 @@ def _peers() -> list[Peer]:
                 scale_estimation=True,
                 all_layers=True,
             ),
+            extras=True,
+        )
+    )
+    rows.append(
+        Peer(
+            "nncf-int4-asym-g32-awq-se-backup-none",
+            partial(nncf_int4, sym=False, group=32, backup="none", awq=True, scale_estimation=True),
             extras=True,
         )
     )
