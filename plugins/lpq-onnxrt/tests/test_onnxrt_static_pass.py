@@ -1,6 +1,7 @@
-"""The static pass hands ORT's quantizer a model already shape-inferred in memory, so ORT
-skips its own round trip through temporary files (a deep copy, a save, file-to-file
-inference and a load per build), and builds the same model."""
+"""The static pass's two shortcuts through ORT's quantizer build the model ORT's own path
+builds: shape inference in memory (ORT skips its round trip through temporary files: a
+deep copy, a save, file-to-file inference and a load per build), and a faster
+``replace_input_of_all_nodes`` on the quantizer's model."""
 
 from __future__ import annotations
 
@@ -42,10 +43,25 @@ def test_no_file_round_trip_and_the_same_model(pm, lpq_sample_model, calib_loade
         return original(model)
 
     monkeypatch.setattr(base_quantizer, "save_and_reload_model_with_shape_infer", counted)
+    rewired: list[str] = []
+    original_rewiring = static.fast_rewiring
+
+    def counted_rewiring(quantizer: Any) -> None:
+        original_rewiring(quantizer)
+        fast_replace = quantizer.model.replace_input_of_all_nodes
+
+        def replace(old: str, new: str) -> None:
+            rewired.append(old)
+            fast_replace(old, new)
+
+        quantizer.model.replace_input_of_all_nodes = replace
+
+    monkeypatch.setattr(static, "fast_rewiring", counted_rewiring)
     cfg = _cfg(pm, lpq_sample_model, calib_loader)
     fast = pm.quantize(FW, lpq_sample_model, cfg, calib_loader).proto
-    assert trips == []
+    assert trips == [] and rewired  # both shortcuts taken
     monkeypatch.setattr(static, "_with_inferred_shapes", lambda model: model)
+    monkeypatch.setattr(static, "fast_rewiring", lambda quantizer: None)
     ort_path = pm.quantize(FW, lpq_sample_model, cfg, calib_loader).proto
     assert trips  # ORT's own path ran: the comparison below means something
     assert list(fast.graph.node) == list(ort_path.graph.node)
@@ -54,3 +70,41 @@ def test_no_file_round_trip_and_the_same_model(pm, lpq_sample_model, calib_loade
     assert ours.keys() == theirs.keys()
     for name, value in ours.items():
         assert value.dtype == theirs[name].dtype and np.array_equal(value, theirs[name]), name
+
+
+def test_fast_rewiring_renames_every_use_as_ort_does():
+    from onnx import TensorProto, helper
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    from lpq_onnxrt.passes.quantizer import fast_rewiring
+
+    def model() -> Any:
+        nodes = [
+            helper.make_node("Add", ["a", "a"], ["b"], name="add"),  # twice in one node
+            helper.make_node("Mul", ["b", "c"], ["d"], name="mul"),
+            helper.make_node("Relu", ["c"], ["e"], name="relu"),
+        ]
+        value = helper.make_tensor_value_info
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [value(n, TensorProto.FLOAT, [2]) for n in "ac"],
+            [value(n, TensorProto.FLOAT, [2]) for n in "de"],
+        )
+        return helper.make_model(graph)
+
+    class Quantizer:
+        def __init__(self) -> None:
+            self.model = ONNXModel(model())
+
+    ours, theirs = Quantizer(), Quantizer()
+    fast_rewiring(ours)
+    for old, new in [("a", "a_dq"), ("c", "c_dq"), ("missing", "x")]:
+        ours.model.replace_input_of_all_nodes(old, new)
+        theirs.model.replace_input_of_all_nodes(old, new)
+    assert [list(n.input) for n in ours.model.model.graph.node] == [
+        ["a_dq", "a_dq"],
+        ["b", "c_dq"],
+        ["c_dq"],
+    ]
+    assert ours.model.model == theirs.model.model

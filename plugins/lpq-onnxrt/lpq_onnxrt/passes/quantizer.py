@@ -59,6 +59,29 @@ def reduce_range(tensor: TensorConfig | None) -> bool:
     return tensor is not None and tensor.reduce_range
 
 
+def fast_rewiring(quantizer: Any) -> None:
+    """Give ``quantizer``'s model a faster ``replace_input_of_all_nodes`` (same result).
+
+    ORT's QDQ quantizer calls it once per tensor it quantizes, and ORT's version visits
+    every input of every node in Python: O(nodes x tensors). ddddocr det (261 ops): a
+    million calls, 3.2 of the 14.6 s its five candidate builds spent in ORT's quantizer.
+    This one skips the nodes that do not read the tensor with protobuf's own membership
+    test. Set on this instance only; a quantizer that no longer calls it is unaffected."""
+    holder = getattr(quantizer, "model", None)
+    if holder is None or not hasattr(holder, "replace_input_of_all_nodes"):
+        return
+
+    def replace_input_of_all_nodes(old_input_name: str, new_input_name: str) -> None:
+        assert isinstance(old_input_name, str) and isinstance(new_input_name, str)
+        for node in holder.model.graph.node:
+            if old_input_name in node.input:
+                for index, name in enumerate(node.input):
+                    if name == old_input_name:
+                        node.input[index] = new_input_name
+
+    holder.replace_input_of_all_nodes = replace_input_of_all_nodes
+
+
 class _QuantizerNoise(logging.Filter):
     """Moves ORT quantizer warnings that are expected under lpq to lpq's debug log."""
 

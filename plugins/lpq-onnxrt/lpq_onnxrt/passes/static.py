@@ -19,6 +19,7 @@ from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 
 from .. import graph, model_io, range_choice, ranges
 from .quantizer import (
+    fast_rewiring,
     most_common,
     per_channel,
     quant_type,
@@ -248,6 +249,7 @@ def _run_quantizer(
                 op_types,
                 extra,
             )
+        fast_rewiring(quantizer)
         with quiet_quantizer():
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
