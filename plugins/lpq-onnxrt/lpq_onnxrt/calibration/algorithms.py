@@ -137,21 +137,27 @@ def _kl_threshold(counts: np.ndarray, width: float, levels: int) -> float:
         return used * width
     counts = counts[:used].astype(np.float64)
     suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # suffix[i] = sum(counts[i:])
+    # Made once for every candidate (each used to make its own prefix of these).
+    positions = np.arange(used) * levels
+    occupied_all = (counts > 0).astype(np.float64)
+    total = suffix[0]
 
     def divergence(i: int) -> float:
         reference = counts[:i].copy()
         reference[-1] += suffix[i]
-        group = (np.arange(i) * levels) // i
-        occupied = (counts[:i] > 0).astype(np.float64)
+        group = positions[:i] // i
+        occupied = occupied_all[:i]
         group_sum = np.bincount(group, weights=counts[:i], minlength=levels)
         group_occupied = np.bincount(group, weights=occupied, minlength=levels)
         spread = group_sum / np.maximum(group_occupied, 1.0)
         quantized = spread[group] * occupied
-        p = reference / reference.sum()
+        # reference sums to the total count exactly (integer-valued floats below 2**53)
+        p = reference / total
         q = quantized / max(quantized.sum(), 1e-300)
         mask = p > 0
+        p_used = p[mask]
         q_safe = np.maximum(q[mask], 1e-12)  # P mass where Q has none: large, finite cost
-        return float(np.sum(p[mask] * np.log(p[mask] / q_safe)))
+        return float(np.sum(p_used * np.log(p_used / q_safe)))
 
     step = max(1, (used - levels) // _KL_COARSE_STEPS)
     coarse = [*range(levels, used, step), used]
