@@ -44,10 +44,8 @@ from lpq.weight_only import (
     BlockQuantized,
     awq_search,
     gptq_quantize,
-    mean_kl,
     quantize_rtn,
     search_scales,
-    top1_agreement,
 )
 
 from ... import weights
@@ -62,6 +60,7 @@ from .plan import (
     LM_HEAD_MAX_KL,
     LM_HEAD_MIN_AGREEMENT,
     LayerChoice,
+    compare_logits,
     decide_lm_head,
     find_lm_head,
     measure_lm_head,
@@ -223,6 +222,7 @@ class _Pass:
             for tensor in list(self.stats):
                 if tensor not in keep and all(r in finished for r in readers.get(tensor, [])):
                     del self.stats[tensor]
+            weights.release_free_memory()
 
     @property
     def head_name(self) -> str | None:
@@ -582,10 +582,7 @@ def _accumulate(
     ref = reference.reshape(-1, reference.shape[-1])
     got = hidden.reshape(-1, hidden.shape[-1])
     for start in range(0, len(ref), 64):
-        a, b = ref[start : start + 64] @ head, got[start : start + 64] @ head
-        found["top1"] = found.get("top1", 0.0) + top1_agreement(a, b) * len(a)
-        found["kl"] = found.get("kl", 0.0) + mean_kl(a, b) * len(a)
-        found["rows"] = found.get("rows", 0.0) + len(a)
+        compare_logits(found, ref[start : start + 64] @ head, got[start : start + 64] @ head)
 
 
 def _split(q: BlockQuantized, names: list[str], widths: list[int]) -> dict[str, BlockQuantized]:
