@@ -146,6 +146,9 @@ def latency_decision(
     fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
     table = op_table(prepared.model, static_ops, feed, options)
     blamer = blame.profile_blame(options, feed, fp32, [n for n, _ in ops], table)
+    release = getattr(timer, "release", None)
+    if blamer is not None and release is not None:
+        blamer.before_profile = release
     decided = decision.decide(
         build,
         fp32,

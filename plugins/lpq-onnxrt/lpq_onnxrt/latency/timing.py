@@ -181,6 +181,10 @@ class OrtTimer:
         self._kept: dict[int, tuple[onnx.ModelProto, Any]] = {}
         self.sessions_made = 0
 
+    def release(self) -> None:
+        """Drop the kept sessions (before a profile, and when the search ends)."""
+        self._kept = {}
+
     def __call__(
         self,
         models: Mapping[str, onnx.ModelProto],
