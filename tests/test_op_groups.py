@@ -55,7 +55,10 @@ def test_split_goes_from_families_to_kinds_to_layer_blocks():
     ]
     down = [k for k in mlp if "down_proj" in k[0]]
     halves = split_groups(down, 2)
-    assert [label for label, _ in halves] == ["model/layers.0-14", "model/layers.15-29"]
+    assert [label for label, _ in halves] == [
+        "model/layers.0-14/mlp/down_proj",
+        "model/layers.15-29/mlp/down_proj",
+    ]
     assert [k for _, g in halves for k in g] == down  # a partition, order kept
 
 

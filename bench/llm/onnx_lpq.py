@@ -14,7 +14,8 @@ use the adaptor option (see ``_build``); the build log prints the report's
 lm_head decision and the precisions found (``lpq-summary`` line).
 
 ``lpq-mix-*`` rows set int8 per op name beside int4 (issue 27's goal, docs/llm.md);
-``lpq-tuned-5pct`` is ``lpq.fit`` choosing int4/int8 per MatMul. Its ``eval_func`` gets
+``lpq-tuned-5pct`` / ``-2pct`` are ``lpq.fit`` choosing int4/int8 per MatMul (``auto``'s
+widening stage: groups of MatMuls widened to int8, then narrowed back). Its ``eval_func`` gets
 the fp32 model as a path and each trial as lpq-onnxrt's in-memory model, which it runs
 through ``lpq_onnxrt.evaluate.runnable`` (the plugin's session helper: lpq has no public
 "session for a trial model" call, and the trial's weights may be held outside the proto).
@@ -160,9 +161,13 @@ def _perplexity(session: Any, windows: np.ndarray, kv_heads: int, head_dim: int)
     return float(np.exp(nll / count))
 
 
-def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 6) -> Path:
+def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 14) -> Path:
     """``lpq.fit``: int4 or int8 per MatMul (scale search, block 32), objective performance,
-    perplexity within ``tolerable`` (relative) on ``TUNE_WINDOWS`` windows of its own."""
+    perplexity within ``tolerable`` (relative) on ``TUNE_WINDOWS`` windows of its own.
+
+    ``exit_policy="best"``: after the first goal-meeting mix, ``auto`` narrows back to
+    int4 what the goal does not need (docs/tuning.md, "Widening"); ``first_hit`` would
+    return the first mix that meets the goal (e.g. the whole MLP in int8)."""
     import onnxruntime as ort
 
     import lpq
@@ -195,7 +200,9 @@ def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 6) -> Path:
         accuracy_criterion=lpq.AccuracyCriterion(
             tolerable_loss=tolerable, criterion="relative", higher_is_better=False
         ),
-        tuning_criterion=lpq.TuningCriterion(max_trials=max_trials, objective="performance"),
+        tuning_criterion=lpq.TuningCriterion(
+            max_trials=max_trials, objective="performance", exit_policy="best"
+        ),
     )
     calib = lpq.ArrayLoader(_feeds(ctx), batch_size=CALIB_BATCH)
     start = time.perf_counter()
@@ -213,9 +220,26 @@ def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 6) -> Path:
             "trials": len(result.trials),
             "stop_reason": result.stop_reason,
             "evals": scores,
+            "steps": [
+                {
+                    "trial": t.index,
+                    "stage": t.stage,
+                    "ppl": round(t.accuracy, 3) if t.status == "ok" else None,
+                    "latency_ms": t.latency_ms and round(t.latency_ms, 1),
+                    "meets_goal": t.meets_goal,
+                    "duration_s": round(t.duration_s, 1),
+                }
+                for t in result.trials
+            ],
+            "best_trial": result.best.index,
         },
     )
     return Path(out)
+
+
+def _tuned_2pct(ctx: Any) -> Path:
+    """As ``lpq-tuned-5pct`` with a 2% perplexity goal (more int8 needed, more narrowing)."""
+    return _tuned(ctx, tolerable=0.02, max_trials=16)
 
 
 def variants() -> list[tuple[str, Callable[[Any], Path]]]:
@@ -242,4 +266,5 @@ def variants() -> list[tuple[str, Callable[[Any], Path]]]:
         ("lpq-mix-int8-b32", _row("scale_search", dtype="int8", block=32)),
         ("lpq-mix-int8-b128", _row("scale_search", dtype="int8", block=128)),
         ("lpq-tuned-5pct", _tuned),
+        ("lpq-tuned-2pct", _tuned_2pct),
     ]

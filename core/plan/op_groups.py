@@ -137,7 +137,10 @@ def _layer_blocks(
     for block, members in sorted(groups.items()):
         first, last = layers[block * size], layers[min((block + 1) * size, len(layers)) - 1]
         span = f"{first[1]}" if first == last else f"{first[1]}-{last[1]}"
-        out.append((f"{first[0]}.{span}", members))
+        kinds = {p.kind for key in members if (p := places[key]) is not None}
+        families = {kind.split("/", 1)[0] for kind in kinds}
+        what = kinds.pop() if len(kinds) == 1 else families.pop() if len(families) == 1 else ""
+        out.append((f"{first[0]}.{span}" + (f"/{what}" if what else ""), members))
     return out
 
 

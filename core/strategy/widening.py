@@ -109,7 +109,8 @@ class Widening:
             (i for i, gain in enumerate(gains) if gain > 0 and gain >= floor),
             key=lambda i: -gains[i],
         )
-        current, current_record, done = cfg, record, []
+        done: list[Group] = []
+        current, current_record = cfg, record
         for step, i in enumerate(order):
             if step == 0:  # measured in the probe already
                 candidate, tried = configs[i], records[i]
