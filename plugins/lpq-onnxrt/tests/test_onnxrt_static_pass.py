@@ -108,3 +108,37 @@ def test_fast_rewiring_renames_every_use_as_ort_does():
         ["c_dq"],
     ]
     assert ours.model.model == theirs.model.model
+
+
+def test_fast_rewiring_keeps_no_build_alive():
+    """The replacement is an attribute of the model it rewires: it must not hold that
+    model strongly (a cycle kept every candidate build alive until the cyclic collector
+    ran: +230 MB peak on a 54 MB model)."""
+    import gc
+    import weakref
+
+    from onnx import TensorProto, helper
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    from lpq_onnxrt.passes.quantizer import fast_rewiring
+
+    node = helper.make_node("Relu", ["a"], ["b"], name="relu")
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [node], "g", [value("a", TensorProto.FLOAT, [2])], [value("b", TensorProto.FLOAT, [2])]
+    )
+
+    class Quantizer:
+        def __init__(self) -> None:
+            self.model = ONNXModel(helper.make_model(graph))
+
+    quantizer = Quantizer()
+    fast_rewiring(quantizer)
+    quantizer.model.replace_input_of_all_nodes("a", "a_dq")
+    alive = weakref.ref(quantizer.model)
+    gc.disable()
+    try:
+        del quantizer
+        assert alive() is None  # freed by reference counting alone
+    finally:
+        gc.enable()
