@@ -184,13 +184,17 @@ def _with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     deep copy, saved to a temporary folder, shape-inferred file to file and loaded back
     (ddddocr rec, 54 MB: about 0.2 s and two extra copies of the model per build, and
     ``auto`` builds five). The same inference in memory gives the same model; over the
-    protobuf limit, ORT's own path (files) is left to run."""
+    protobuf limit, or where onnx's inference fails, ORT's own path (files) is left to
+    run."""
     import onnx
     from onnxruntime.quantization.quant_utils import add_infer_metadata, model_has_infer_metadata
 
     if model_has_infer_metadata(model) or model.ByteSize() >= model_io.PROTO_LIMIT:
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # onnx's own error types; ORT's path then runs as it always did
+        return model
     add_infer_metadata(inferred)
     return inferred
 
