@@ -8,6 +8,8 @@ narrow back the rest. Static int8 spaces have no wider choice and must not chang
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +187,35 @@ def test_static_spaces_have_no_wider_choice_and_spend_no_widening_trial(lpq_plug
     assert result.goal_met
     assert not [t.stage for t in result.trials if "widen" in t.stage or "narrow" in t.stage]
 
+
+
+class CountingFake(WeightOnlyFake):
+    """Records, at each quantization, how many earlier trial models are still alive."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.made: list[weakref.ref] = []
+        self.alive: list[int] = []
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        gc.collect()
+        self.alive.append(sum(ref() is not None for ref in self.made))
+        quantized = WidthModel(model, tune_cfg)
+        self.made.append(weakref.ref(quantized))
+        return quantized
+
+
+def test_a_batch_of_trials_holds_no_more_models_than_the_answer_needs(lpq_plugin, tmp_path):
+    """Serial batches (6 narrowings of an LLM) must not keep every trial's model until
+    the batch ends: only the best, the most accurate and the latest stay alive."""
+    plugin = CountingFake(tmp_path)
+    lpq_plugin(plugin, name="fake")
+    names = [f"MatMul_{i}" for i in range(8)]
+    cost4 = {n: 0.0005 for n in names} | {"MatMul_5": 0.02}
+    model = WidthFake([(n, "MatMul") for n in names], cost4, dict.fromkeys(names, 0.0001))
+    result = fit(model, tmp_path / "ws")
+    assert len(result.trials) >= 6  # batches of 4 probes, then narrowings
+    assert max(plugin.alive) <= 3, plugin.alive

@@ -231,11 +231,14 @@ class TuningDriver(TuningContext):
                     to_run.append(spec)
                     results.append(None)
         arrived: list[tuple[TrialRecord, Any]] = []
+        if to_run:  # inspection of the last trial is over: let its model go (an LLM's: GBs)
+            self._last_model = ("", None)
         try:
             with deadline(self._time_left()):
                 for outcome in self._execute(to_run):  # recorded the moment each one finishes
                     self._record(outcome.record)
                     arrived.append((outcome.record, outcome.model))
+                    self._release_losers(arrived)
         except DeadlineReached:
             self._stop_running_trials(to_run, arrived)
         for record, model in sorted(arrived, key=lambda item: item[0].index):
@@ -404,6 +407,27 @@ class TuningDriver(TuningContext):
         if self.best_any is None or self._more_accurate(record, self.best_any):
             self._keep(record, model, self.best_any)
             self.best_any = record
+
+    def _release_losers(self, arrived: list[tuple[TrialRecord, Any]]) -> None:
+        """Drop, in place, the models of this batch's trials that :meth:`_track` will not
+        keep: only the best and most accurate so far, and the latest (for inspection).
+
+        A serial batch of N trials would otherwise hold N models until it ends: six
+        narrowing trials of SmolLM2-135M are ~1.5 GB. Mirrors :meth:`_track` in arrival
+        order, which is id order wherever models come back (serial, in the driver)."""
+        best, best_any = self._best, self.best_any
+        for record, _ in arrived:
+            if record.status != "ok":
+                continue
+            if record.meets_goal and self.better(record, best):
+                best = record
+            if best_any is None or self._more_accurate(record, best_any):
+                best_any = record
+        keep = {r.fingerprint for r in (best, best_any) if r is not None}
+        keep.add(arrived[-1][0].fingerprint)
+        for i, (record, model) in enumerate(arrived):
+            if model is not None and record.fingerprint not in keep:
+                arrived[i] = (record, None)
 
     def _keep(self, record: TrialRecord, model: Any, replaced: TrialRecord | None) -> None:
         if model is not None:
