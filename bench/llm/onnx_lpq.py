@@ -206,7 +206,10 @@ def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 14) -> Path:
     )
     calib = lpq.ArrayLoader(_feeds(ctx), batch_size=CALIB_BATCH)
     start = time.perf_counter()
-    result = lpq.fit(str(ctx.fp32_onnx), conf, calib, eval_func=eval_func)
+    # the workspace (history, run cache) lives with the variant: a rebuild tunes afresh
+    # instead of replaying the previous build's trials from ./lpq-workspace
+    workspace = ctx.out_dir / "lpq-workspace"
+    result = lpq.fit(str(ctx.fp32_onnx), conf, calib, eval_func=eval_func, workspace=workspace)
     quant_s = time.perf_counter() - start
     out = result.save(ctx.out_dir / "model.onnx")
     _summarize(
