@@ -236,3 +236,16 @@ def test_weight_only_precisions_are_read_from_the_graph(pm, decoder, monkeypatch
     monkeypatch.setattr(precision, "optimized_graph", no_session)
     found = pm.quantized_ops(FW, qmodel)
     assert found["l0.q_proj"] == "int4" and found["lm_head"] == "int8"
+
+
+def test_sampled_rows_stay_within_their_limit():
+    from lpq_onnxrt.passes.weight_only.activations import Need, TensorStats, add
+
+    need = Need(4, sample_rows=10)
+    stats = TensorStats.start(need)
+    for batch in range(5):
+        add(stats, need, np.full((2, 4, 4), float(batch), np.float32))
+    sample = stats.sample()
+    assert sample.shape == (10, 4)
+    assert len(set(sample[:, 0])) >= 3  # rows from several batches, not the last one only
+    assert stats.count == 40 and np.allclose(stats.importance(), np.mean(np.arange(5.0) ** 2))

@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 METADATA_KEY = "lpq_weight_only"
 #: Rows of lm_head's input kept to measure an int8 head (``lm_head=auto``).
-HEAD_ROWS = 256
+HEAD_ROWS = 512
 #: The reference stream of a staged calibration run.
 REFERENCE = "fp32"
 #: Token positions on which the int4/int8 embeddings' logits are compared with float.

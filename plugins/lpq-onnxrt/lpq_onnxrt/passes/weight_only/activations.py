@@ -57,11 +57,14 @@ class TensorStats:
     sumsq: npt.NDArray[np.float64] | None = None
     count: int = 0
     rows: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    #: at most this many rows in :meth:`sample` (0: no limit)
+    limit: int = 0
 
     @classmethod
     def start(cls, need: Need) -> TensorStats:
         """Empty statistics for a tensor that must be summarised as ``need`` says."""
-        return cls(need.k, HessianAccumulator(need.k) if need.hessian else None)
+        accumulator = HessianAccumulator(need.k) if need.hessian else None
+        return cls(need.k, accumulator, limit=need.sample_rows)
 
     def importance(self) -> npt.NDArray[np.float64] | None:
         """Mean square of each input channel (the scale search's weighting)."""
@@ -70,8 +73,15 @@ class TensorStats:
         return self.sumsq / self.count
 
     def sample(self) -> npt.NDArray[np.float32]:
-        """The kept rows as one (M, K) matrix."""
-        return np.concatenate(self.rows, axis=0) if self.rows else np.zeros((0, self.k), np.float32)
+        """The kept rows as one (M, K) matrix, at most ``limit`` of them, evenly spread
+        (:func:`add` keeps up to twice as many between thinnings; AWQ's search costs one
+        (M, K) x (K, N) product per alpha, so the documented ``awq_tokens`` is kept)."""
+        if not self.rows:
+            return np.zeros((0, self.k), np.float32)
+        merged = np.concatenate(self.rows, axis=0)
+        if self.limit and len(merged) > self.limit:
+            merged = merged[np.linspace(0, len(merged) - 1, self.limit).round().astype(int)]
+        return merged
 
 
 def add(stats: TensorStats, need: Need, value: np.ndarray) -> None:
