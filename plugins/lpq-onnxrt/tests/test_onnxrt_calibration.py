@@ -368,9 +368,9 @@ def test_memory_budget_bounds_every_run_and_changes_no_statistic(monkeypatch) ->
 
 
 def test_the_probe_fetches_tensors_in_groups_within_the_budget(monkeypatch) -> None:
-    """Sizes are probed in a few runs (declared shapes pack the groups), not one run per
-    tensor, and the plan sees every tensor's real size; a tensor of unknown shape is
-    probed on its own."""
+    """Sizes are probed in a few runs (declared or inferred shapes pack the groups), not one
+    run per tensor, and the plan sees every tensor's real size; a tensor of unknown shape
+    is probed on its own."""
     from onnx import shape_inference
 
     from lpq_onnxrt.calibration import collect as calibration
@@ -401,8 +401,14 @@ def test_the_probe_fetches_tensors_in_groups_within_the_budget(monkeypatch) -> N
     collect_statistics(model, names, [{"x": x}], memory_budget_bytes=80)
     assert runs[:2] == [["h_b"], ["r", "y"]]  # 64 + 64 + 16 bytes, split to fit 80
     runs.clear()
+    # no declared inner shapes: onnx's inference with the input fixed to the feed's shape
     collect_statistics(bare, names, [{"x": x}], memory_budget_bytes=1 << 20)
-    # the graph output's shape is declared; the others, not: one at a time
+    assert runs[0] == names
+    assert plans[-1] == {"h_b": 4 * 16, "r": 4 * 16, "y": 4 * 4}
+    runs.clear()
+    monkeypatch.setattr(calibration, "_inferred_bytes", lambda *args: {})
+    collect_statistics(bare, names, [{"x": x}], memory_budget_bytes=1 << 20)
+    # the graph output's shape is declared; the others, unknown: one at a time
     assert runs[:3] == [["y"], ["h_b"], ["r"]]
 
 

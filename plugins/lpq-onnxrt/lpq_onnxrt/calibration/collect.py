@@ -165,6 +165,9 @@ def collect_statistics(
             batch = _batch_of(run_feed)
             if plan is None:
                 declared = _declared_bytes(typed, from_session)
+                if len(declared) < len(from_session):  # symbolic dims: fix them to the feed's
+                    sample = _slice(run_feed, 0, 1) if batch is not None else run_feed
+                    declared.update(_inferred_bytes(model, from_session, sample))
                 plan = _probe(
                     session, from_session, run_feed, batch, memory_budget_bytes, count, declared
                 )
@@ -218,6 +221,51 @@ def _declared_bytes(typed: Mapping[str, Any], names: Sequence[str]) -> dict[str,
             itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
             sizes[name] = count * itemsize
     return sizes
+
+
+def _inferred_bytes(
+    model: onnx.ModelProto, names: Sequence[str], sample: Mapping[str, np.ndarray]
+) -> dict[str, int]:
+    """Bytes of one sample of each tensor, by onnx's shape inference with the graph inputs
+    fixed to ``sample``'s shapes: what a model with symbolic dimensions (an OCR model's
+    width) leaves unknown. The inference runs on the graph alone: float weights enter as
+    typed inputs (their shapes are what it needs), only integer constants keep their
+    values (they compute shapes). Empty when inference fails (the probe then fetches
+    those tensors one at a time, as it must without sizes)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    source = model.graph
+    graph = onnx.GraphProto()
+    graph.node.extend(source.node)
+    graph.output.extend(source.output)
+    constant = {init.name for init in source.initializer}
+    for given in source.input:
+        if given.name in constant:
+            continue
+        info = graph.input.add()
+        info.CopyFrom(given)
+        if given.name in sample and info.type.HasField("tensor_type"):
+            shape = info.type.tensor_type.shape
+            shape.ClearField("dim")
+            for size in np.shape(sample[given.name]):
+                shape.dim.add().dim_value = int(size)
+    for init in source.initializer:
+        if init.data_type in (TensorProto.INT64, TensorProto.INT32):
+            graph.initializer.append(init)
+        else:
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    probe = onnx.ModelProto()
+    probe.ir_version = model.ir_version
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    probe.graph.CopyFrom(graph)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe)
+    except Exception:  # onnx's own error types: sizes stay unknown
+        return {}
+    typed = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    return _declared_bytes(typed, names)
 
 
 def _probe(
