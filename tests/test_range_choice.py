@@ -20,8 +20,10 @@ from lpq.ranges import (
     NARROW_FACTORS,
     PARTS,
     SCALES_OPTION,
+    RangeChoice,
     narrow,
     pick,
+    record,
     resolve,
     resolved,
     scales_from,
@@ -214,3 +216,17 @@ def test_a_bad_scales_option_is_a_config_error(value):
 def test_the_scales_option_reads_back():
     assert scales_from({SCALES_OPTION: {"y": 0.5, "z": 1}}) == {"y": 0.5, "z": 1.0}
     assert scales_from({}) == {}
+
+
+def test_record_spells_out_what_auto_chose_and_keeps_recorded_scales():
+    ops = {("a", "Conv"): _op(), ("b", "Conv"): _op("kl"), ("c", "Relu"): _op()}
+    cfg = lpq.TuneConfig(ops=ops, options={SCALES_OPTION: {"x": 0.5}, "other": 1})
+    plan = resolved({"a": _op(), "b": _op("kl")}, "mse")  # "c" was decided elsewhere
+    choice = RangeChoice("mse", {"mse": 0.1}, narrowed={"y": 0.35})
+    out = record(cfg, plan, choice)
+    algorithms = {key[0]: c.activation.algorithm for key, c in out.ops.items()}
+    assert algorithms == {"a": "mse", "b": "kl", "c": AUTO}
+    assert out.options == {SCALES_OPTION: {"x": 0.5, "y": 0.35}, "other": 1}
+    assert cfg.options[SCALES_OPTION] == {"x": 0.5}  # the input is left as it was
+    unnarrowed = record(cfg, plan, RangeChoice("mse", {"mse": 0.1}))
+    assert unnarrowed.options == cfg.options

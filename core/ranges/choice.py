@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from ..errors import ConfigError
-from ..plan.tune_config import OpConfig
+from ..plan.tune_config import OpConfig, TuneConfig
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,25 @@ def resolve(
             choice, algorithm=algorithm, narrowed=scales, narrowed_error=round(final, 6)
         )
     return resolved(plan, choice.algorithm), choice
+
+
+def record(
+    tune_cfg: TuneConfig, plan: Mapping[str, OpConfig], choice: RangeChoice | None
+) -> TuneConfig:
+    """``tune_cfg`` as applied: each op that asked for ``auto`` (and is in ``plan``, keyed
+    by op name) with the algorithm it resolved to, and the tensors :func:`narrow` narrowed
+    added to :data:`SCALES_OPTION` (over those it already records). Quantizing the result
+    again gives the same model, with nothing left to choose."""
+    changed = {
+        key: plan[key[0]]
+        for key, cfg in tune_cfg.ops.items()
+        if key[0] in plan and cfg.activation is not None and cfg.activation.algorithm == AUTO
+    }
+    recorded = tune_cfg.with_ops(changed)
+    if choice is not None and choice.narrowed:
+        scales = {**scales_from(tune_cfg.options), **choice.narrowed}
+        recorded = recorded.with_options({SCALES_OPTION: scales})
+    return recorded
 
 
 def _builder(

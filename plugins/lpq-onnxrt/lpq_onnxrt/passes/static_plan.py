@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lpq import DataError, ModelError, OpConfig, TuneConfig
-from lpq.ranges import resolve
+from lpq.ranges import record, resolve
 
 from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
@@ -295,7 +295,6 @@ def _resolve_ranges(
     decided): on Silero VAD the best algorithm for the QDQ graph is the worst for
     QOperator. Records the choice in ``result``; returns the resolved plan."""
     base = candidates.prepared.model
-    tune_cfg = candidates.tune_cfg
     dynamic_ops = frozenset(result.dynamic_ops)
     narrowable = None
     if len(plan) <= range_choice.NARROW_MAX_OPS:
@@ -314,15 +313,7 @@ def _resolve_ranges(
         candidates.error_on,
     )
     plan, chosen = resolve(plan, backend, narrowable)
-    effective = result.tune_cfg.with_ops(
-        {key: plan[key[0]] for key in tune_cfg.ops if key[0] in resolving}
-    )
-    if chosen is not None and chosen.narrowed:
-        recorded = range_choice.scales_from(tune_cfg.options)
-        effective = effective.with_options(
-            {range_choice.SCALES_OPTION: {**recorded, **chosen.narrowed}}
-        )
-    result.tune_cfg, result.range_choice = effective, chosen
+    result.tune_cfg, result.range_choice = record(result.tune_cfg, plan, chosen), chosen
     return plan
 
 
