@@ -34,10 +34,11 @@ calibration data or on one part of it). What the error means is the adaptor's to
 (lpq-onnxrt measures it on the graph that ships and, for a recurrent model, on whole
 streams).
 
-Cost: a candidate that fails the gain on one part is not measured on the others (it could
-not be kept), and a model the rule already built (an algorithm unnarrowed, the last
-narrowing kept) is not built again. On MTCNN P-Net that is about half of the runs the
-narrowing made before, for the same choice.
+Cost: a fraction that misses the gain on one part is not measured on the others (it
+could not be kept), and a model the rule already built (an algorithm unnarrowed, the last
+narrowing kept) is not built again. On MTCNN P-Net (5 ops, 8-picture halves): 71 output
+error runs instead of 117 and 54 builds instead of 62, for the same choice.
+:func:`record` writes the choice into the tune_cfg.
 """
 
 from __future__ import annotations
