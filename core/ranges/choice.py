@@ -37,7 +37,7 @@ streams).
 Cost: a fraction that misses the gain on one part is not measured on the others (it
 could not be kept), and a model the rule already built (an algorithm unnarrowed, the last
 narrowing kept) is not built again. On MTCNN P-Net (5 ops, 8-picture halves): 71 output
-error runs instead of 117 and 54 builds instead of 62, for the same choice.
+error runs instead of 117 and 58 builds instead of 63, for the same choice.
 :func:`record` writes the choice into the tune_cfg.
 """
 
