@@ -101,18 +101,19 @@ class AutoStrategy(Strategy):
             cfg, record = yield from self._best_of(
                 ctx, cfg, record, ctx.space.recipe_variants(cfg, slow=False), "recipe"
             )
+        widened_enough = False
         if not ctx.meets_goal(record):
             # Wider quantized choices (int4 -> int8 weight-only) before any float fallback.
             widened = yield from self.widening.widen(ctx, cfg, record)
             if widened is not None:
                 reference = cfg
-                cfg, record, groups, met = widened
-                if met:
+                cfg, record, groups, widened_enough = widened
+                if widened_enough:
                     cfg, record = yield from self.widening.narrow_back(
                         ctx, cfg, record, groups, reference
                     )
         for stage in (self._worst_by_error, self._op_types, self._ops):
-            if ctx.meets_goal(record):
+            if ctx.meets_goal(record) or widened_enough:
                 break
             found = yield from stage(ctx, cfg, record, fallen)
             if found is not None:
