@@ -14,8 +14,9 @@ Rather than guess, this package *measures* on the machine at hand, in context:
 2. op types, most expensive first: the plan with every op of that type in fp32 against the
    current plan; the type goes back to fp32 when the model gets faster. Where the op
    latency table (:mod:`lpq.latency.table`, filled from the per-node profiles of step 3,
-   across models and runs) finds the type's ops 1.3x faster or slower in int8 at every
-   sample, it decides without a build or a timing;
+   across models and runs) finds the type's ops 1.3x faster in int8 at every sample, or
+   the current model's own profile predicts them 20% slower in fp32, the type stays int8
+   without a build or a timing (the other direction is always timed);
 3. single ops the profiler blames (their int8 node plus the Q/DQ nodes around them cost
    more than the fp32 node did): tried together, kept in fp32 when the model gets faster,
    again while no round loses (up to ``BLAME_ROUNDS``: moved Q/DQ nodes show new slow
