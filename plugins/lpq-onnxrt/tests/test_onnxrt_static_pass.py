@@ -142,3 +142,38 @@ def test_fast_rewiring_keeps_no_build_alive():
         assert alive() is None  # freed by reference counting alone
     finally:
         gc.enable()
+
+
+def test_shape_inference_sees_weights_as_typed_inputs_and_keeps_shape_constants():
+    from onnx import TensorProto, helper
+
+    from lpq_onnxrt.passes.static import _with_inferred_shapes, _without_weights
+
+    weight = numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w")  # 1152 bytes
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    scale = numpy_helper.from_array(np.array([2.0], np.float32), "small")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Mul", ["c", "small"], ["m"], name="mul"),
+        helper.make_node("Reshape", ["m", "shape"], ["y"], name="reshape"),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [value("y", TensorProto.FLOAT, None)],
+        [weight, shape, scale],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    light = _without_weights(model)
+    assert [i.name for i in light.graph.initializer] == ["shape", "small"]
+    typed = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in light.graph.input}
+    assert typed == {"x": [1, 4, 6, 6], "w": [8, 4, 3, 3]}
+    inferred = _with_inferred_shapes(model)
+    assert inferred is model and len(model.graph.initializer) == 3  # in place, weights kept
+    shapes = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in (*model.graph.value_info, *model.graph.output)
+    }
+    assert shapes["c"] == [1, 8, 4, 4] and shapes["y"] == [1, 128]
