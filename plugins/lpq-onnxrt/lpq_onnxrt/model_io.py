@@ -280,6 +280,10 @@ def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return inference.out_mp_ if complete else None
 
 
+#: Detached weights from this size on go to ORT's optimizer as a file, not as arrays.
+SPILL_BYTES = 64 << 20
+
+
 def optimize(model: onnx.ModelProto, blobs: Blobs | None = None) -> onnx.ModelProto:
     """Apply ORT's basic (ONNX-standard) graph optimizations; raise ModelError if ORT
     cannot load the model at all.
@@ -311,9 +315,19 @@ def optimize(model: onnx.ModelProto, blobs: Blobs | None = None) -> onnx.ModelPr
         try:
             # MatMul+Add -> Gemm would hide the user's MatMuls (and their names) and lose
             # their dynamic / weight-only options: ORT has neither for Gemm.
-            weights.session(
-                model, blobs, options, ["CPUExecutionProvider"], disabled_optimizers=_KEEP_AS_IS
-            )
+            if sum(value.nbytes for value in blobs.values()) >= SPILL_BYTES:
+                # ORT's optimizer holds its own copy of arrays handed to it (an LLM's
+                # 540 MB weights peaked at 1.3 GB here), but maps a file's data: hand it
+                # a file, and free the arrays meanwhile (read back below, once).
+                source = Path(tmp) / "source.onnx"
+                weights.spill(model, blobs, source)
+                ort.InferenceSession(
+                    str(source), options, ["CPUExecutionProvider"], disabled_optimizers=_KEEP_AS_IS
+                )
+            else:
+                weights.session(
+                    model, blobs, options, ["CPUExecutionProvider"], disabled_optimizers=_KEEP_AS_IS
+                )
         except Exception as exc:
             raise ModelError(
                 f"ONNX Runtime cannot load the model ({type(exc).__name__}: {exc})",

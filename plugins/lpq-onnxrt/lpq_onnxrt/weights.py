@@ -268,6 +268,43 @@ def session(
     return made
 
 
+def spill(
+    light: onnx.ModelProto, blobs: Blobs, model_file: Path, data_name: str = "weights.data"
+) -> None:
+    """Write a detached model as an ONNX file with external data next to it, array by
+    array, then empty ``blobs``: ORT can open the file itself (it maps the data instead of
+    copying the arrays it is handed), and the arrays' memory is free while it works.
+    ``light`` is not modified."""
+    import onnx
+    from onnx import TensorProto
+
+    out = onnx.ModelProto()
+    _copy_fields(out, light, "graph")
+    _copy_fields(out.graph, light.graph, "initializer")
+    with open(model_file.parent / data_name, "wb") as handle:
+        for init in light.graph.initializer:
+            if not is_detached(init):
+                out.graph.initializer.append(init)
+                continue
+            handle.write(b"\0" * (-handle.tell() % 4096))
+            start = handle.tell()
+            value = np.ascontiguousarray(blobs.pop(init.name))
+            handle.write(value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes())
+            del value
+            head = _header(init)
+            del head.external_data[:]
+            head.data_location = TensorProto.EXTERNAL
+            for key, text in (
+                ("location", data_name),
+                ("offset", str(start)),
+                ("length", str(handle.tell() - start)),
+            ):
+                head.external_data.add(key=key, value=text)
+            out.graph.initializer.append(head)
+    blobs.clear()
+    onnx.save_model(out, str(model_file))
+
+
 def write_split(
     model: onnx.ModelProto, data_file: Path, location: str, min_bytes: int = 1024
 ) -> onnx.ModelProto:
