@@ -161,7 +161,9 @@ def _perplexity(session: Any, windows: np.ndarray, kv_heads: int, head_dim: int)
     return float(np.exp(nll / count))
 
 
-def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 14) -> Path:
+def _tuned(
+    ctx: Any, tolerable: float = 0.05, max_trials: int = 14, objective: str = "performance"
+) -> Path:
     """``lpq.fit``: int4 or int8 per MatMul (scale search, block 32), objective performance,
     perplexity within ``tolerable`` (relative) on ``TUNE_WINDOWS`` windows of its own.
 
@@ -201,7 +203,7 @@ def _tuned(ctx: Any, tolerable: float = 0.05, max_trials: int = 14) -> Path:
             tolerable_loss=tolerable, criterion="relative", higher_is_better=False
         ),
         tuning_criterion=lpq.TuningCriterion(
-            max_trials=max_trials, objective="performance", exit_policy="best"
+            max_trials=max_trials, objective=objective, exit_policy="best"
         ),
     )
     calib = lpq.ArrayLoader(_feeds(ctx), batch_size=CALIB_BATCH)
@@ -245,6 +247,19 @@ def _tuned_2pct(ctx: Any) -> Path:
     return _tuned(ctx, tolerable=0.02, max_trials=16)
 
 
+def _tuned_size(tolerable: float, max_trials: int) -> Callable[[Any], Path]:
+    """The tuned row with objective ``modelsize``: the smallest goal-meeting mix wins,
+    with no latency verdict. lpq's trial latency of a decoder is the calibration batch's
+    prefill (2 x 256 tokens), where int4/int8 mixes time about like fp32 under load, so
+    the ``performance`` objective picks among goal-meeting mixes by noise; size follows
+    the bit widths, and decode speed follows size on this kernel."""
+
+    def build(ctx: Any) -> Path:
+        return _tuned(ctx, tolerable, max_trials, objective="modelsize")
+
+    return build
+
+
 def variants() -> list[tuple[str, Callable[[Any], Path]]]:
     return [
         # lm_head=auto: int8 when it keeps next-token agreement on the calibration
@@ -270,4 +285,6 @@ def variants() -> list[tuple[str, Callable[[Any], Path]]]:
         ("lpq-mix-int8-b128", _row("scale_search", dtype="int8", block=128)),
         ("lpq-tuned-5pct", _tuned),
         ("lpq-tuned-2pct", _tuned_2pct),
+        ("lpq-tuned-5pct-size", _tuned_size(0.05, 14)),
+        ("lpq-tuned-2pct-size", _tuned_size(0.02, 16)),
     ]
