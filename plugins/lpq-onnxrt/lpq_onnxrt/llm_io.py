@@ -101,3 +101,38 @@ def fill_decoder_inputs(
         elif is_cache_input(spec.name):
             out[spec.name] = _empty_cache(spec, batch)
     return out
+
+
+def decode_feed(specs: Sequence[InputSpec], past: int) -> dict[str, np.ndarray] | None:
+    """One generation step at batch 1: a single new token after ``past`` cached ones.
+
+    This is what a decoder's latency means to its user (tokens per second once the
+    prompt is in), and it is not what a window from an empty cache costs: on SmolLM2 the
+    int4/int8 mixes decode 2.8x faster than fp32 but run a 256-token window about as fast.
+    The values are zeros (a step costs the same whatever the tokens and the cache hold).
+    ``None`` for a model without cache inputs, when a cache input's shape leaves the past
+    length ambiguous (not exactly one symbolic dim besides the batch) or when an input is
+    neither the tokens nor fillable.
+    """
+    if not any(is_cache_input(spec.name) for spec in specs):
+        return None  # no KV cache (an encoder taking input_ids): no generation step
+    feed: dict[str, np.ndarray] = {}
+    for spec in specs:
+        if spec.name == TOKENS:
+            feed[TOKENS] = np.zeros((1, 1), dtype=spec.dtype)
+        elif spec.name == MASK:
+            feed[MASK] = np.ones((1, past + 1), dtype=spec.dtype)
+        elif spec.name == POSITIONS:
+            feed[POSITIONS] = np.full((1, 1), past, dtype=spec.dtype)
+        elif is_cache_input(spec.name) and spec.shape is not None:
+            symbolic = [i for i, dim in enumerate(spec.shape) if dim is None]
+            if len(symbolic) != 2:
+                return None
+            dims = [
+                1 if i == symbolic[0] else past if i == symbolic[1] else d
+                for i, d in enumerate(spec.shape)
+            ]
+            feed[spec.name] = np.zeros(dims, dtype=spec.dtype)
+        else:
+            return None
+    return feed

@@ -1,0 +1,61 @@
+"""A decoder with a KV cache is timed on generation steps (one token after a cache as long
+as its windows), not on whole windows from an empty cache: that is its users' latency."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_onnxrt_tune_int4_int8 import builder_decoder, tokens
+
+from lpq import LatencyMeasurer
+from lpq_onnxrt import evaluate, llm_io
+from lpq_onnxrt.data import input_specs
+
+
+def test_decode_feed_is_one_token_after_the_past():
+    specs = input_specs(builder_decoder())
+    feed = llm_io.decode_feed(specs, past=40)
+    assert feed is not None
+    assert feed["input_ids"].shape == (1, 1)
+    assert feed["attention_mask"].shape == (1, 41)
+    caches = [name for name in feed if llm_io.is_cache_input(name)]
+    assert caches and all(feed[name].shape[0] == 1 and 40 in feed[name].shape for name in caches)
+
+
+def test_a_model_without_cache_inputs_gets_no_decode_feed():
+    from lpq_onnxrt.data import InputSpec
+
+    specs = [
+        InputSpec("input_ids", np.int64, (None, None)),
+        InputSpec("attention_mask", np.int64, (None, None)),
+    ]
+    assert llm_io.decode_feed(specs, past=8) is None
+
+
+def test_decoder_latency_is_timed_on_decode_steps(monkeypatch):
+    model = builder_decoder()
+    fed: list[tuple[int, int]] = []
+    real = evaluate.runnable
+
+    def spying(*args, **kwargs):
+        session, proto, options = real(*args, **kwargs)
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def run(self, names, feed):
+                fed.append(feed["input_ids"].shape)
+                return session.run(names, feed)
+
+        return Spy(), proto, options
+
+    monkeypatch.setattr(evaluate, "runnable", spying)
+    windows = [({"input_ids": tokens(2, 24, seed=1)}, None)]
+    measurer = LatencyMeasurer(warmup=1)
+    result = evaluate.evaluate(model, windows, None, [], measurer, None)
+    assert fed[0] == (2, 24)  # the window is scored as given
+    steps = fed[1:]
+    assert len(steps) == measurer.warmup + evaluate.DECODE_STEPS
+    assert all(shape == (1, 1) for shape in steps)
+    assert len(measurer.samples) == evaluate.DECODE_STEPS
+    assert result.latency_ms == measurer.median_ms
