@@ -116,3 +116,22 @@ def test_malformed_strategy_option_names_the_flag(files, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code != 0
     assert "--strategy-option" in captured.out + captured.err
+
+
+def test_a_builtin_strategy_refuses_an_option_it_does_not_read(files, tmp_path, capsys):
+    argv = _argv(files, tmp_path, "--strategy-option", "fallback_rat=0.3")
+    argv[argv.index("strict-test")] = "random"
+    code = main(argv)
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code != 0
+    assert "fallback_rat" in text and "fallback_rate" in text  # the typo and the real name
+    assert not (tmp_path / "ws").exists()
+
+
+def test_a_builtin_strategy_takes_its_own_option(files, tmp_path, capsys):
+    argv = _argv(files, tmp_path, "--strategy-option", "fallback_rate=0.5")
+    argv[argv.index("strict-test")] = "random"
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err

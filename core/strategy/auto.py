@@ -72,6 +72,7 @@ Found = tuple[TuneConfig, TrialRecord, list[OpKey]]
 
 class AutoStrategy(Strategy):
     name = "auto"
+    option_names: frozenset[str] | None = frozenset()
     #: How many of the worst ops (by inspected error) are verified on the output per step.
     verify_top = 4
     #: First step: ops scoring at least this fraction of the worst score fall back

@@ -19,6 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
 from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
 from ..tuning.records import TrialRecord
@@ -95,8 +96,19 @@ class Strategy:
 
     name = ""
     honours_first_hit = True
+    #: The option names the strategy reads, or ``None`` to accept any (a strategy that
+    #: checks its own in ``__init__``). A key outside the set is a :class:`ConfigError`
+    #: naming the allowed ones: a typo in ``--strategy-option`` must not be ignored.
+    option_names: frozenset[str] | None = None
 
     def __init__(self, **options: Any) -> None:
+        allowed = type(self).option_names
+        unknown = sorted(set(options) - allowed) if allowed is not None else []
+        if unknown:
+            raise ConfigError(
+                f"strategy {self.name!r} has no option {', '.join(map(repr, unknown))}",
+                hint=f"its options: {', '.join(sorted(allowed or ())) or 'none'}",
+            )
         self.options = options
 
     def propose(self, ctx: TuningContext) -> Proposals:

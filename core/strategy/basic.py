@@ -21,6 +21,7 @@ from .base import (
 
 class BasicStrategy(Strategy):
     name = "basic"
+    option_names = frozenset({"variants_per_op_type"})
 
     def propose(self, ctx: TuningContext) -> Proposals:
         space = ctx.space

@@ -9,6 +9,7 @@ from .base import Proposals, Strategy, TuningContext, one, requantize
 
 class ConservativeStrategy(Strategy):
     name = "conservative"
+    option_names: frozenset[str] | None = frozenset()
     honours_first_hit = False
 
     def propose(self, ctx: TuningContext) -> Proposals:

@@ -9,6 +9,7 @@ from .base import Candidate, Proposals, Strategy, TuningContext
 
 class ExhaustiveStrategy(Strategy):
     name = "exhaustive"
+    option_names: frozenset[str] | None = frozenset()
     #: Combinations proposed at once (independent, so they may run in parallel).
     batch = 4
 

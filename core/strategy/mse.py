@@ -9,6 +9,7 @@ from .base import Proposals, Strategy, TuningContext, fall_back, one, probe_op_b
 
 class MSEStrategy(Strategy):
     name = "mse"
+    option_names: frozenset[str] | None = frozenset()
 
     def propose(self, ctx: TuningContext) -> Proposals:
         current = ctx.space.default()

@@ -7,6 +7,7 @@ from .base import Candidate, Proposals, Strategy, TuningContext, one
 
 class RandomStrategy(Strategy):
     name = "random"
+    option_names = frozenset({"fallback_rate"})
     #: Samples proposed at once (independent, so they may run in parallel).
     batch = 4
 
