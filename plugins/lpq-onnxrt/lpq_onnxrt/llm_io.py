@@ -128,10 +128,9 @@ def decode_feed(specs: Sequence[InputSpec], past: int) -> dict[str, np.ndarray] 
             symbolic = [i for i, dim in enumerate(spec.shape) if dim is None]
             if len(symbolic) != 2:
                 return None
-            dims = [
-                1 if i == symbolic[0] else past if i == symbolic[1] else d
-                for i, d in enumerate(spec.shape)
-            ]
+            past_axis = symbolic[1]  # the first symbolic dim is the batch (1)
+            dims = [1 if d is None else d for d in spec.shape]
+            dims[past_axis] = past
             feed[spec.name] = np.zeros(dims, dtype=spec.dtype)
         else:
             return None

@@ -276,7 +276,6 @@ def spill(
     copying the arrays it is handed), and the arrays' memory is free while it works.
     ``light`` is not modified."""
     import onnx
-    from onnx import TensorProto
 
     out = onnx.ModelProto()
     _copy_fields(out, light, "graph")
@@ -286,23 +285,34 @@ def spill(
             if not is_detached(init):
                 out.graph.initializer.append(init)
                 continue
-            handle.write(b"\0" * (-handle.tell() % 4096))
-            start = handle.tell()
             value = np.ascontiguousarray(blobs.pop(init.name))
-            handle.write(value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes())
+            raw = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
             del value
-            head = _header(init)
-            del head.external_data[:]
-            head.data_location = TensorProto.EXTERNAL
-            for key, text in (
-                ("location", data_name),
-                ("offset", str(start)),
-                ("length", str(handle.tell() - start)),
-            ):
-                head.external_data.add(key=key, value=text)
-            out.graph.initializer.append(head)
+            out.graph.initializer.append(_append_external(handle, init, raw, data_name))
     blobs.clear()
     onnx.save_model(out, str(model_file))
+
+
+def _append_external(
+    handle: Any, tensor: onnx.TensorProto, raw: bytes, location: str
+) -> onnx.TensorProto:
+    """Append ``raw`` to the open data file at a 4 KiB-aligned offset; return the header
+    of ``tensor`` pointing there."""
+    from onnx import TensorProto
+
+    handle.write(b"\0" * (-handle.tell() % 4096))
+    start = handle.tell()
+    handle.write(raw)
+    head = _header(tensor)
+    del head.external_data[:]
+    head.data_location = TensorProto.EXTERNAL
+    for key, value in (
+        ("location", location),
+        ("offset", str(start)),
+        ("length", str(handle.tell() - start)),
+    ):
+        head.external_data.add(key=key, value=value)
+    return head
 
 
 def write_split(
@@ -312,7 +322,6 @@ def write_split(
     at a time, each at a 4 KiB-aligned offset) and return a copy of ``model`` that refers
     to them at ``location``; ``model`` is not modified and never copied whole."""
     import onnx
-    from onnx import TensorProto
 
     light = onnx.ModelProto()
     _copy_fields(light, model, "graph")
@@ -322,20 +331,7 @@ def write_split(
             if nbytes(init) < min_bytes or not init.HasField("raw_data"):
                 light.graph.initializer.append(init)
                 continue
-            offset = -handle.tell() % 4096
-            handle.write(b"\0" * offset)
-            start = handle.tell()
-            handle.write(init.raw_data)
-            head = _header(init)
-            del head.external_data[:]
-            head.data_location = TensorProto.EXTERNAL
-            for key, value in (
-                ("location", location),
-                ("offset", str(start)),
-                ("length", str(handle.tell() - start)),
-            ):
-                head.external_data.add(key=key, value=value)
-            light.graph.initializer.append(head)
+            light.graph.initializer.append(_append_external(handle, init, init.raw_data, location))
         handle.flush()
         os.fsync(handle.fileno())
     return light
