@@ -1,4 +1,4 @@
-"""Label-free language-model metrics: ``perplexity`` and ``token_agreement``.
+"""Label-free language-model metrics: ``perplexity``, ``token_agreement`` and ``token_kl``.
 
 Built-in metrics (every adaptor's language model outputs logits ``(N, L, V)``), so that
 ``lpq.fit(..., eval_metric="perplexity")`` can tune an LLM against the user's own text on
@@ -11,6 +11,11 @@ to the :class:`lpq.Metric` protocol (``update(preds, labels)`` per batch).
 * ``token_agreement`` (higher is better): fraction of positions whose top-1 next token
   matches the reference logits given as ``labels`` (what ``lpq.fit`` records from the
   fp32 model when the eval data has no labels).
+* ``token_kl`` (lower is better): mean over positions of KL(fp32 || model) of the
+  next-token distributions, in nats, with the reference logits as ``labels`` like
+  ``token_agreement``. It sees what top-1 agreement cannot: a quantized model that keeps
+  the argmax but flattens or sharpens the rest of the distribution (sampling, beam
+  search and perplexity all read it).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import DataError
-from ..weight_only.metrics import nll_sum, perplexity_from_nll
+from ..weight_only.metrics import mean_kl, nll_sum, perplexity_from_nll
 
 
 def logits_of(preds: Any) -> npt.NDArray[np.floating]:
@@ -93,3 +98,35 @@ class TokenAgreement:
         if self.count == 0:
             raise DataError("no positions were compared", hint="pass non-empty data")
         return self.same / self.count
+
+
+class TokenKL:
+    """Mean KL divergence of the next-token distributions from the reference's (nats)."""
+
+    name = "token_kl"
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, preds: Any, labels: Any) -> None:
+        cand = logits_of(preds)
+        ref = logits_of(labels)
+        if ref.shape != cand.shape or cand.ndim < 2:
+            raise DataError(
+                f"token_kl compares logits with the fp32 model's logits of the same shape; "
+                f"got {cand.shape} and labels {ref.shape}",
+                hint="evaluate on data without labels (lpq records the fp32 logits)",
+            )
+        positions = int(np.prod(cand.shape[:-1]))
+        self.total += mean_kl(ref, cand) * positions
+        self.count += positions
+
+    def result(self) -> float:
+        if self.count == 0:
+            raise DataError("no positions were compared", hint="pass non-empty data")
+        return self.total / self.count

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..eval.lm_metrics import Perplexity, TokenAgreement
+from ..eval.lm_metrics import Perplexity, TokenAgreement, TokenKL
 from ..eval.metrics import BUILTIN_METRICS
 from ..eval.task_metrics import TASK_METRICS
 from ..hookspecs import hookimpl
@@ -22,6 +22,7 @@ def lpq_register_metrics(register: RegisterMetric) -> None:
         register(name, factory)
     register("perplexity", Perplexity)  # language models: logits against token ids
     register("token_agreement", TokenAgreement)  # next-token top-1 against fp32's logits
+    register("token_kl", TokenKL)  # KL(fp32 || model) of next-token distributions
 
 
 @hookimpl
