@@ -38,6 +38,22 @@ def logits_of(preds: Any) -> npt.NDArray[np.floating]:
     return np.asarray(preds)
 
 
+def _with_reference(
+    name: str, preds: Any, labels: Any
+) -> tuple[npt.NDArray[np.floating], npt.NDArray[np.floating]]:
+    """``(reference, candidate)`` logits for a metric that compares with fp32's logits."""
+    cand = logits_of(preds)
+    ref = logits_of(labels)
+    if ref.shape != cand.shape or cand.ndim < 2:
+        raise DataError(
+            f"{name} compares logits with the fp32 model's logits of the same shape; got "
+            f"{cand.shape} and labels {ref.shape}",
+            hint="evaluate on data without labels (lpq records the fp32 logits), or use "
+            "eval_metric='perplexity' with the token ids as labels",
+        )
+    return ref, cand
+
+
 class Perplexity:
     """Perplexity of the label token ids under the predicted logits, over all batches."""
 
@@ -81,15 +97,7 @@ class TokenAgreement:
         self.count = 0
 
     def update(self, preds: Any, labels: Any) -> None:
-        cand = logits_of(preds)
-        ref = logits_of(labels)
-        if ref.shape != cand.shape or cand.ndim < 2:
-            raise DataError(
-                f"token_agreement compares logits with the fp32 model's logits of the same "
-                f"shape; got {cand.shape} and labels {ref.shape}",
-                hint="evaluate on data without labels (lpq records the fp32 logits), or use "
-                "eval_metric='perplexity' with the token ids as labels",
-            )
+        ref, cand = _with_reference(self.name, preds, labels)
         match = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
         self.same += int(np.count_nonzero(match))
         self.count += int(match.size)
@@ -114,14 +122,7 @@ class TokenKL:
         self.count = 0
 
     def update(self, preds: Any, labels: Any) -> None:
-        cand = logits_of(preds)
-        ref = logits_of(labels)
-        if ref.shape != cand.shape or cand.ndim < 2:
-            raise DataError(
-                f"token_kl compares logits with the fp32 model's logits of the same shape; "
-                f"got {cand.shape} and labels {ref.shape}",
-                hint="evaluate on data without labels (lpq records the fp32 logits)",
-            )
+        ref, cand = _with_reference(self.name, preds, labels)
         positions = int(np.prod(cand.shape[:-1]))
         self.total += mean_kl(ref, cand) * positions
         self.count += positions
