@@ -43,6 +43,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_identity() -> dict[str, Any]:
+    """The machine part of every latency key: CPU model, int8 ISA, core count (timings
+    from another machine are never read as this one's)."""
+    return {"cpu": cpu_name(), "isa": cpu_features().isa, "cores": os.cpu_count()}
+
+
+def json_normal(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as it reads back from JSON, so a stored key compares equal to a fresh one."""
+    normal: dict[str, Any] = json.loads(json.dumps(value, sort_keys=True, default=str))
+    return normal
+
+
+def cache_root() -> Path:
+    """``$LPQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/lpq``, else ``~/.cache/lpq``."""
+    root = os.environ.get("LPQ_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lpq"
+    )
+    return Path(root)
+
+
 def context(
     *,
     framework: str,
@@ -63,12 +83,9 @@ def context(
         "shapes": shapes,
         "threads": threads,
         "margin": margin,
-        "cpu": cpu_name(),
-        "isa": cpu_features().isa,
-        "cores": os.cpu_count(),
+        **machine_identity(),
     }
-    normal: dict[str, Any] = json.loads(json.dumps(value, sort_keys=True, default=str))
-    return normal
+    return json_normal(value)
 
 
 def key(ctx: Mapping[str, Any]) -> str:
@@ -79,10 +96,7 @@ def folder(framework: str, options: Mapping[str, Any]) -> Path:
     chosen = options.get("latency_cache_dir")
     if chosen:
         return Path(str(chosen))
-    root = os.environ.get("LPQ_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lpq"
-    )
-    return Path(root) / "latency" / framework
+    return cache_root() / "latency" / framework
 
 
 def load(where: Path | None, ctx: Mapping[str, Any]) -> Decision | None:

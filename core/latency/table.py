@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from typing import Any
 
 from ..cache import content_key
 from ..fileio import atomic_write
-from ..hardware import cpu_features
 
 log = logging.getLogger("lpq.latency")
 
@@ -51,19 +49,16 @@ MAX_SAMPLES = 5
 
 def machine(*, framework: str, framework_version: str, threads: Any) -> dict[str, Any]:
     """What makes per-op timings of one machine comparable (JSON-normal)."""
-    from .cache import cpu_name
+    from .cache import json_normal, machine_identity
 
     value = {
         "format": FORMAT,
         "framework": framework,
         "framework_version": framework_version,
         "threads": threads,
-        "cpu": cpu_name(),
-        "isa": cpu_features().isa,
-        "cores": os.cpu_count(),
+        **machine_identity(),
     }
-    normal: dict[str, Any] = json.loads(json.dumps(value, sort_keys=True, default=str))
-    return normal
+    return json_normal(value)
 
 
 def folder(options: Mapping[str, Any]) -> Path:
@@ -72,10 +67,9 @@ def folder(options: Mapping[str, Any]) -> Path:
     chosen = options.get("latency_cache_dir")
     if chosen:
         return Path(str(chosen)) / "table"
-    root = os.environ.get("LPQ_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lpq"
-    )
-    return Path(root) / "latency" / "table"
+    from .cache import cache_root
+
+    return cache_root() / "latency" / "table"
 
 
 @dataclass

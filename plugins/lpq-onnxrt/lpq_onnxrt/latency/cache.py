@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import lpq
+from lpq.latency.cache import cache_root, machine_identity
 
 from .decision import DEFAULT_MARGIN, LatencyDecision
 from .timing import measuring_options
@@ -36,19 +35,8 @@ def machine_key(options: Mapping[str, Any]) -> dict[str, Any]:
     threads, provider."""
     import onnxruntime
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "isa": lpq.cpu_features().isa,
-        "cores": os.cpu_count(),
+        **machine_identity(),
         "onnxruntime": onnxruntime.__version__,
         "threads": measuring_options(options).get("intra_op_num_threads", options.get("threads")),
         "providers": list(options.get("providers") or ["CPUExecutionProvider"]),
@@ -61,10 +49,7 @@ def cache_dir(options: Mapping[str, Any]) -> Path:
     chosen = options.get("latency_cache_dir")
     if chosen:
         return Path(chosen)
-    root = os.environ.get("LPQ_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lpq"
-    )
-    return Path(root) / "onnxrt-latency"
+    return cache_root() / "onnxrt-latency"
 
 
 def cache_context(
