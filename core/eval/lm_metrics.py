@@ -83,36 +83,12 @@ class Perplexity:
         return perplexity_from_nll(self.total, self.count)
 
 
-class TokenAgreement:
-    """Share of positions where the model's top-1 next token matches the reference's."""
+class _PerPositionMean:
+    """A mean over next-token positions of a comparison with the fp32 model's logits
+    (given as ``labels``): subclasses say what one batch adds (:meth:`_batch_sum`)."""
 
-    name = "token_agreement"
+    name = ""
     higher_is_better = True
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.same = 0
-        self.count = 0
-
-    def update(self, preds: Any, labels: Any) -> None:
-        ref, cand = _with_reference(self.name, preds, labels)
-        match = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
-        self.same += int(np.count_nonzero(match))
-        self.count += int(match.size)
-
-    def result(self) -> float:
-        if self.count == 0:
-            raise DataError("no positions were compared", hint="pass non-empty data")
-        return self.same / self.count
-
-
-class TokenKL:
-    """Mean KL divergence of the next-token distributions from the reference's (nats)."""
-
-    name = "token_kl"
-    higher_is_better = False
 
     def __init__(self) -> None:
         self.reset()
@@ -123,11 +99,33 @@ class TokenKL:
 
     def update(self, preds: Any, labels: Any) -> None:
         ref, cand = _with_reference(self.name, preds, labels)
-        positions = int(np.prod(cand.shape[:-1]))
-        self.total += mean_kl(ref, cand) * positions
-        self.count += positions
+        self.total += self._batch_sum(ref, cand)
+        self.count += int(np.prod(cand.shape[:-1]))
+
+    def _batch_sum(self, ref: npt.NDArray[np.floating], cand: npt.NDArray[np.floating]) -> float:
+        raise NotImplementedError
 
     def result(self) -> float:
         if self.count == 0:
             raise DataError("no positions were compared", hint="pass non-empty data")
         return self.total / self.count
+
+
+class TokenAgreement(_PerPositionMean):
+    """Share of positions where the model's top-1 next token matches the reference's."""
+
+    name = "token_agreement"
+    higher_is_better = True
+
+    def _batch_sum(self, ref: npt.NDArray[np.floating], cand: npt.NDArray[np.floating]) -> float:
+        return float(np.count_nonzero(np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)))
+
+
+class TokenKL(_PerPositionMean):
+    """Mean KL divergence of the next-token distributions from the reference's (nats)."""
+
+    name = "token_kl"
+    higher_is_better = False
+
+    def _batch_sum(self, ref: npt.NDArray[np.floating], cand: npt.NDArray[np.floating]) -> float:
+        return mean_kl(ref, cand) * int(np.prod(cand.shape[:-1]))
