@@ -81,8 +81,7 @@ def evaluate(
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
     specs = input_specs(proto)
-    step = llm_io.decode_feed(specs, past=0) if measurer is not None else None
-    if step is None or not llm_io.is_decoder(specs):
+    if measurer is None or not llm_io.is_decoder(specs) or not llm_io.decode_feed(specs, 0):
         return evaluate_batches(
             iter_batches(proto, dataloader),
             run,
@@ -92,7 +91,6 @@ def evaluate(
             iteration=iteration,
         )
     # A decoder with a KV cache: scored on its windows, timed on generation steps.
-    assert measurer is not None
     windows: list[int] = []
 
     def batches() -> Iterator[tuple[dict[str, Any], Any]]:
@@ -103,10 +101,9 @@ def evaluate(
     result = evaluate_batches(
         batches(), run, metrics, postprocess=postprocess, measurer=None, iteration=iteration
     )
-    step = llm_io.decode_feed(specs, past=max(windows, default=DECODE_PAST))
-    if step is not None:
-        for _ in range(measurer.warmup + DECODE_STEPS):
-            with measurer.measure():
-                session.run(output_names, step)
-        result = replace(result, latency_ms=measurer.median_ms)
-    return result
+    # the same specs passed the check above, so this feed exists
+    step = llm_io.decode_feed(specs, past=max(windows, default=DECODE_PAST)) or {}
+    for _ in range(measurer.warmup + DECODE_STEPS):
+        with measurer.measure():
+            session.run(output_names, step)
+    return replace(result, latency_ms=measurer.median_ms)
