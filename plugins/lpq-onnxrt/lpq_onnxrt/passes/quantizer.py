@@ -5,13 +5,20 @@ log about things lpq expects."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from lpq import ConfigError, OpConfig, TensorConfig
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +127,267 @@ def quiet_quantizer() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(quiet)
+
+
+#: The weight cache of the build running in this context (see :meth:`WeightCache.active`),
+#: with the digests of that build's weights by name.
+_ACTIVE: contextvars.ContextVar[tuple[WeightCache, dict[str, bytes]] | None] = (
+    contextvars.ContextVar("lpq_onnxrt_weight_cache", default=None)
+)
+
+
+def _digest(tensor: onnx.TensorProto) -> bytes:
+    """The identity of a weight's values: type, shape and a hash of its bytes."""
+    from onnx import numpy_helper
+
+    digest = hashlib.sha1(f"{tensor.data_type}:{list(tensor.dims)}:".encode())
+    digest.update(tensor.raw_data or numpy_helper.to_array(tensor).tobytes())
+    return digest.digest()
+
+
+def _array_key(value: Any) -> tuple[Any, ...]:
+    array = np.asarray(value)
+    return (array.dtype.str, array.shape, array.tobytes())
+
+
+def _copy_params(params: Any) -> Any:
+    """A copy of ORT's ``QuantizationParams`` whose arrays the caller may change (ORT's
+    int32-bias check rescales a weight's scales in place)."""
+    data = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in params.data.items()}
+    return type(params)(**data)
+
+
+class WeightCache:
+    """Quantized weights shared by the builds of one quantize call.
+
+    The latency search and the range choice build the same model many times with ORT's
+    quantizer, and each build quantizes every weight again, per channel, in a Python loop
+    over channels (ddddocr rec: its 8210-class Gemm weight; 13 builds, about 5 s). A
+    weight's quantization depends only on its values and its settings, not on the
+    activation ranges, so the builds of one call share it: ORT's own functions compute it
+    once and their results are reused, keyed by the weight's name, a hash of its values
+    and every setting ORT reads (quant type, axis, symmetry, reduce_range, overrides,
+    the quantizer's options). What a build writes is the same, byte for byte.
+
+    Use one cache per quantize call (it keeps each quantized weight: a quarter of the
+    model's float weights per format); :meth:`active` around a quantizer's
+    ``quantize_model``."""
+
+    def __init__(self) -> None:
+        self._params: dict[tuple[Any, ...], Any] = {}
+        self._tensors: dict[tuple[Any, ...], onnx.TensorProto] = {}
+        self._channels: dict[tuple[Any, ...], list[onnx.TensorProto]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @contextlib.contextmanager
+    def active(self, quantizer: Any) -> Iterator[None]:
+        """Reuse this cache's weights in ``quantizer`` (a QDQQuantizer or ONNXQuantizer)
+        while the block runs."""
+        _patch_quantize_onnx_initializer()
+        digests: dict[str, bytes] = {}
+        settings = _settings_key(quantizer)
+        if hasattr(quantizer, "_calc_initializer_quant_params"):
+            self._wrap_qdq_params(quantizer, digests, settings)
+        if hasattr(quantizer, "quantize_weight_per_channel_impl"):
+            self._wrap_per_channel(quantizer, digests, settings)
+        token = _ACTIVE.set((self, digests))
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+    @staticmethod
+    def _digest_of(digests: dict[str, bytes], tensor: onnx.TensorProto) -> bytes:
+        found = digests.get(tensor.name)
+        if found is None:
+            found = digests[tensor.name] = _digest(tensor)
+        return found
+
+    def _wrap_qdq_params(
+        self, quantizer: Any, digests: dict[str, bytes], settings: tuple[Any, ...]
+    ) -> None:
+        """QDQ: ``_calc_initializer_quant_params`` (scales and zero points of every
+        weight, a loop over channels) computed only for the weights not seen before."""
+        original = quantizer._calc_initializer_quant_params
+
+        def calc() -> dict[str, Any]:
+            every = quantizer.tensors_to_quantize
+            initializers = {init.name: init for init in quantizer.model.initializer()}
+            keys: dict[str, tuple[Any, ...]] = {}
+            found: dict[str, Any] = {}
+            todo = {}
+            for name, info in every.items():
+                init = initializers.get(name)
+                if init is None:
+                    continue
+                key = (
+                    "qdq-params",
+                    name,
+                    self._digest_of(digests, init),
+                    repr(info.tensor_type),
+                    info.axis,
+                    _overrides_key(quantizer, name),
+                    settings,
+                )
+                cached = self._params.get(key)
+                if cached is not None:
+                    found[name] = _copy_params(cached)
+                    self.hits += 1
+                else:
+                    keys[name] = key
+                    todo[name] = info
+            if todo:
+                quantizer.tensors_to_quantize = todo
+                try:
+                    fresh = original()
+                finally:
+                    quantizer.tensors_to_quantize = every
+                for name, params in fresh.items():
+                    self._params[keys[name]] = _copy_params(params)
+                    self.misses += 1
+                found.update(fresh)
+            return {name: found[name] for name in every if name in found}
+
+        quantizer._calc_initializer_quant_params = calc
+
+    def _wrap_per_channel(
+        self, quantizer: Any, digests: dict[str, bytes], settings: tuple[Any, ...]
+    ) -> None:
+        """QOperator: ``quantize_weight_per_channel_impl`` (adds the weight's scale, zero
+        point and quantized initializers) replayed from the first build that made them."""
+        original = quantizer.quantize_weight_per_channel_impl
+
+        def impl(
+            weight_name: str,
+            weight_qType: Any,
+            channel_axis: int,
+            reduce_range: bool = True,
+            keep_float_weight: bool = False,
+        ) -> tuple[str, str, str]:
+            init = next((i for i in quantizer.model.initializer() if i.name == weight_name), None)
+            if init is None:  # ORT's own error
+                return original(
+                    weight_name, weight_qType, channel_axis, reduce_range, keep_float_weight
+                )
+            key = (
+                "per-channel",
+                weight_name,
+                self._digest_of(digests, init),
+                weight_qType,
+                channel_axis,
+                reduce_range,
+                keep_float_weight,
+                _overrides_key(quantizer, weight_name),
+                settings,
+            )
+            q_name = weight_name + "_quantized"
+            names = (q_name, weight_name + "_zero_point", weight_name + "_scale")
+            cached = self._channels.get(key)
+            if cached is not None:
+                quantizer.model.initializer_extend([_copy_tensor(t) for t in cached])
+                self.hits += 1
+                return names
+            graph = quantizer.model.model.graph
+            before = len(graph.initializer)
+            got = original(weight_name, weight_qType, channel_axis, reduce_range, keep_float_weight)
+            added = list(graph.initializer)[before:]
+            if tuple(got) == names and {t.name for t in added} <= set(names):
+                self._channels[key] = [_copy_tensor(t) for t in added]
+                self.misses += 1
+            return got
+
+        quantizer.quantize_weight_per_channel_impl = impl
+
+    def quantized_tensor(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """ORT's ``quantize_onnx_initializer`` result for ``key``, made once."""
+        cached = self._tensors.get(key)
+        if cached is None:
+            cached = self._tensors[key] = _copy_tensor(make())
+            self.misses += 1
+        else:
+            self.hits += 1
+        return _copy_tensor(cached)
+
+
+def _copy_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    import onnx
+
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
+
+
+def _overrides_key(quantizer: Any, name: str) -> str:
+    helper = getattr(quantizer, "tensor_quant_overrides", None)
+    overrides = getattr(helper, "overrides", None)
+    return repr(overrides.get(name) if isinstance(overrides, Mapping) else None)
+
+
+def _settings_key(quantizer: Any) -> tuple[Any, ...]:
+    """What a quantizer reads besides a weight and its overrides when it quantizes it."""
+    extra = getattr(quantizer, "extra_options", None) or {}
+    options = repr(sorted((k, repr(v)) for k, v in extra.items() if k != "TensorQuantOverrides"))
+    weight_type = getattr(quantizer, "weight_qType", None)
+    activation_type = getattr(quantizer, "activation_qType", None)
+    symmetric: tuple[Any, ...] = ()
+    is_weight_symmetric = getattr(quantizer, "is_weight_symmetric", None)
+    if callable(is_weight_symmetric):
+        symmetric = (is_weight_symmetric(weight_type), is_weight_symmetric(activation_type))
+    return (
+        type(quantizer).__name__,
+        weight_type,
+        activation_type,
+        getattr(quantizer, "is_activation_symmetric", None),
+        symmetric,
+        getattr(quantizer, "reduce_range", None),
+        getattr(quantizer, "min_real_range", None),
+        getattr(quantizer, "block_size", None),
+        getattr(quantizer, "per_channel", None),
+        options,
+    )
+
+
+def _patch_quantize_onnx_initializer() -> None:
+    """Route ``qdq_quantizer.quantize_onnx_initializer`` (per-channel weights quantized in
+    a loop over channels) through the active :class:`WeightCache`, if any; without one
+    it is ORT's function, unchanged. Done once per process."""
+    from onnxruntime.quantization import qdq_quantizer
+
+    original = qdq_quantizer.quantize_onnx_initializer
+    if getattr(original, "_lpq_cached", False):
+        return
+
+    def quantize_onnx_initializer(
+        weight: onnx.TensorProto,
+        quant_type: Any,
+        zero_point: np.ndarray,
+        scale: np.ndarray,
+        axis: int | None = None,
+        quant_weight_name: str | None = None,
+        block_size: int = 0,
+    ) -> onnx.TensorProto:
+        def make() -> onnx.TensorProto:
+            return original(
+                weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size
+            )
+
+        active = _ACTIVE.get()
+        if active is None:
+            return make()
+        cache, digests = active
+        key = (
+            "initializer",
+            weight.name,
+            cache._digest_of(digests, weight),
+            quant_type,
+            _array_key(zero_point),
+            _array_key(scale),
+            axis,
+            quant_weight_name,
+            block_size,
+        )
+        return cache.quantized_tensor(key, make)
+
+    quantize_onnx_initializer._lpq_cached = True  # type: ignore[attr-defined]
+    qdq_quantizer.quantize_onnx_initializer = quantize_onnx_initializer

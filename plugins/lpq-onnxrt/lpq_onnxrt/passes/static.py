@@ -9,6 +9,7 @@ get here, with which ranges, is :mod:`.static_plan`'s job.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 
 from .. import graph, model_io, range_choice, ranges
 from .quantizer import (
+    WeightCache,
     fast_rewiring,
     most_common,
     per_channel,
@@ -51,10 +53,13 @@ def static_pass(
     stats: CalibrationStats,
     fmt: str,
     range_scales: Mapping[str, float] | None = None,
+    weight_cache: WeightCache | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, tuple[float, float]]]:
     """``ops`` of ``model`` quantized statically in ``fmt`` ("qdq" / "qoperator") with
     ranges from ``stats``; returns the model and the activation ranges used.
-    ``range_scales`` narrow ranges per tensor on top of those the tune_cfg records."""
+    ``range_scales`` narrow ranges per tensor on top of those the tune_cfg records;
+    ``weight_cache`` shares quantized weights with the other builds of one quantize call
+    (the same model either way)."""
     if any(per_channel(cfg) for cfg in ops.values()):
         model = model_io.upgrade_opset(model, 13)  # DequantizeLinear's axis needs opset 13
     graph.flatten_gemm_biases(model)
@@ -83,7 +88,8 @@ def static_pass(
         model, ops, to_quantize, stats, defaults.activation, scales
     )
     _add_weight_overrides(model, ops, overrides)
-    return _run_quantizer(model, to_quantize, defaults, data, overrides, fmt), used
+    built = _run_quantizer(model, to_quantize, defaults, data, overrides, fmt, weight_cache)
+    return built, used
 
 
 def _tensor_owners(model: onnx.ModelProto, ops: Mapping[str, OpConfig]) -> dict[str, TensorConfig]:
@@ -191,10 +197,13 @@ def _with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
     from onnxruntime.quantization.quant_utils import add_infer_metadata, model_has_infer_metadata
 
-    if model_has_infer_metadata(model) or model.ByteSize() >= model_io.PROTO_LIMIT:
+    if model_has_infer_metadata(model):
+        return model
+    light = _without_weights(model)
+    if _over_proto_limit(model, light):
         return model
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
+        inferred = onnx.shape_inference.infer_shapes(light)
     except Exception:  # onnx's own error types; ORT's path then runs as it always did
         return model
     graph = model.graph
@@ -204,6 +213,36 @@ def _with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         target.extend(getattr(inferred.graph, field))
     add_infer_metadata(model)
     return model
+
+
+def _over_proto_limit(model: onnx.ModelProto, light: onnx.ModelProto) -> bool:
+    """Whether ``model`` serializes to at least ``PROTO_LIMIT`` bytes, told without
+    serializing it where the answer is clear: ``light`` (its graph without the weights'
+    values) plus the bytes of the values left out, from their shapes. ``model.ByteSize()``
+    serializes the whole model (ddddocr rec, 54 MB: 60 ms, in every build) and runs only
+    where that estimate is within a margin of the limit."""
+    kept = {init.name for init in light.graph.initializer}
+    left_out = [init for init in model.graph.initializer if init.name not in kept]
+    estimate = light.ByteSize() + sum(_value_bytes(init) for init in left_out)
+    # headers (name, dims, type) of the left-out tensors, and a wide margin besides
+    margin = (64 << 20) + 512 * len(left_out)
+    if abs(estimate - model_io.PROTO_LIMIT) <= margin:
+        return model.ByteSize() >= model_io.PROTO_LIMIT
+    return estimate >= model_io.PROTO_LIMIT
+
+
+def _value_bytes(tensor: onnx.TensorProto) -> int:
+    """A tensor's bytes from its dims and element type (its serialized size for strings
+    and types numpy does not know)."""
+    from onnx import TensorProto, helper
+
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except (KeyError, TypeError, ValueError):
+        dtype = None
+    if dtype is None or tensor.data_type == TensorProto.STRING:
+        return int(tensor.ByteSize())
+    return int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize
 
 
 #: Float initializers at least this large enter :func:`_with_inferred_shapes`'s inference
@@ -232,7 +271,7 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     listed = {given.name for given in source.input}
     for init in source.initializer:
         integer = init.data_type in (TensorProto.INT64, TensorProto.INT32)
-        if integer or init.ByteSize() < _WEIGHT_BYTES:
+        if integer or _value_bytes(init) < _WEIGHT_BYTES:
             graph.initializer.append(init)
         elif init.name not in listed:
             graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
@@ -246,8 +285,10 @@ def _run_quantizer(
     data: dict[str, Any],
     overrides: dict[str, list[dict[str, Any]]],
     fmt: str,
+    weight_cache: WeightCache | None = None,
 ) -> onnx.ModelProto:
-    """ORT's QDQQuantizer (or ONNXQuantizer in QLinearOps mode for QOperator)."""
+    """ORT's QDQQuantizer (or ONNXQuantizer in QLinearOps mode for QOperator), reusing
+    the weights ``weight_cache`` holds."""
     from onnxruntime.quantization import QDQQuantizer
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
@@ -294,7 +335,8 @@ def _run_quantizer(
                 extra,
             )
         fast_rewiring(quantizer)
-        with quiet_quantizer():
+        shared = weight_cache.active(quantizer) if weight_cache else contextlib.nullcontext()
+        with quiet_quantizer(), shared:
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise ModelError(

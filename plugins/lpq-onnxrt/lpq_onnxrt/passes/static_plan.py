@@ -25,7 +25,7 @@ from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
 from ..latency.decision import Builder, LatencyDecision
 from .dynamic import dynamic_alternatives
-from .quantizer import per_channel
+from .quantizer import WeightCache, per_channel
 from .static import static_pass
 
 if TYPE_CHECKING:
@@ -82,6 +82,8 @@ class _Candidates:
         # Per-channel QDQ needs opset 13: the static pass converts a model below it. Done
         # once here, not in every candidate (ddddocr rec, opset 11: 0.5 s per build).
         self._opset_13 = functools.cache(lambda: model_io.upgrade_opset(prepared.model, 13))
+        # Every candidate quantizes the same weights: once, for all of them.
+        self.weight_cache = WeightCache()
 
     def static_source(self, static_ops: Mapping[str, OpConfig]) -> onnx.ModelProto:
         """The model the static pass starts from for ``static_ops`` (read-only): the
@@ -120,7 +122,9 @@ class _Candidates:
         static = {n: c for n, c in plan.items() if n not in fp32_ops and n not in dynamic_ops}
         built = model_io.copy_model(self.static_source(static))
         if static:
-            built, _ = static_pass(built, static, self.tune_cfg, self.stats, form, range_scales)
+            built, _ = static_pass(
+                built, static, self.tune_cfg, self.stats, form, range_scales, self.weight_cache
+            )
         built = read_float_inputs(built, base, [*self.float_ops, *fp32_ops, *dynamic_ops])
         if dynamic_ops:
             dyn = {n: self.dynamic_configs[n] for n in dynamic_ops}
@@ -343,7 +347,13 @@ def _apply(
         work = model_io.copy_model(candidates.static_source(plan))
     if plan:
         work, result.ranges = static_pass(
-            work, plan, tune_cfg, stats, fmt, range_choice.scales_from(result.tune_cfg.options)
+            work,
+            plan,
+            tune_cfg,
+            stats,
+            fmt,
+            range_choice.scales_from(result.tune_cfg.options),
+            candidates.weight_cache,
         )
     # Ops kept float, and dynamic ops (they quantize their float input themselves; a
     # DequantizeLinear in front would be quantized twice, under the same name).

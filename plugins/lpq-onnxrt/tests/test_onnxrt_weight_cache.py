@@ -1,0 +1,132 @@
+"""The weight cache shared by the builds of one quantize call (``passes.quantizer.
+WeightCache``): a build that reuses quantized weights writes the same bytes as one that
+quantizes them itself, in both formats, and weights whose values or settings differ are
+quantized again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import lpq
+
+
+@pytest.fixture
+def parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
+    from lpq_onnxrt import model_io, range_choice, ranges
+    from lpq_onnxrt.capability import build_capability, load_spec
+
+    prepared = model_io.prepare(str(lpq_sample_model))
+    cap = build_capability(prepared.model)
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
+    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
+    stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
+    ops = {n: c for (n, _), c in cfg.ops.items() if c.quantized}
+    return {"model": prepared.model, "cfg": cfg, "stats": stats, "ops": ops}
+
+
+def _build(parts: dict[str, Any], fmt: str, cache: Any = None, **kw: Any) -> onnx.ModelProto:
+    from lpq_onnxrt import model_io
+    from lpq_onnxrt.passes.static import static_pass
+
+    model = kw.pop("model", parts["model"])
+    ops = kw.pop("ops", parts["ops"])
+    built, _ = static_pass(
+        model_io.copy_model(model), ops, parts["cfg"], parts["stats"], fmt, weight_cache=cache
+    )
+    return built
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_cached_builds_write_the_same_bytes(parts, fmt):
+    from lpq_onnxrt.passes.quantizer import WeightCache
+
+    plain = _build(parts, fmt).SerializeToString()
+    cache = WeightCache()
+    first = _build(parts, fmt, cache).SerializeToString()
+    assert cache.misses > 0 and cache.hits == 0
+    misses = cache.misses
+    # other activation ranges (narrowed): the weights are reused, the rest is rebuilt
+    second = _build(parts, fmt, cache).SerializeToString()
+    assert cache.hits >= misses and cache.misses == misses  # every weight reused
+    assert first == plain and second == plain
+
+
+def test_fewer_ops_and_other_formats_share_the_cache_soundly(parts):
+    from lpq_onnxrt.passes.quantizer import WeightCache
+
+    cache = WeightCache()
+    some = dict(list(parts["ops"].items())[1:])  # the first op left float
+    for fmt in ("qdq", "qoperator", "qdq"):
+        assert (
+            _build(parts, fmt, cache).SerializeToString() == _build(parts, fmt).SerializeToString()
+        )
+        got = _build(parts, fmt, cache, ops=some).SerializeToString()
+        assert got == _build(parts, fmt, ops=some).SerializeToString()
+
+
+def test_changed_weights_are_quantized_again(parts):
+    from lpq_onnxrt import model_io
+    from lpq_onnxrt.passes.quantizer import WeightCache
+
+    cache = WeightCache()
+    _build(parts, "qdq", cache)
+    changed = model_io.copy_model(parts["model"])
+    biggest = max(changed.graph.initializer, key=lambda t: numpy_helper.to_array(t).size)
+    value = numpy_helper.to_array(biggest) * 3.0
+    biggest.CopyFrom(numpy_helper.from_array(value, biggest.name))
+    misses = cache.misses
+    got = _build(parts, "qdq", cache, model=changed).SerializeToString()
+    assert cache.misses > misses  # the changed weight is not served from the cache
+    assert got == _build(parts, "qdq", model=changed).SerializeToString()
+
+
+def test_without_a_cache_ort_is_unchanged(parts):
+    """The patched ``quantize_onnx_initializer`` is ORT's function when no cache is
+    active (after a cached build in this process)."""
+    from onnxruntime.quantization import qdq_quantizer
+
+    from lpq_onnxrt.passes.quantizer import WeightCache
+
+    _build(parts, "qdq", WeightCache())
+    assert getattr(qdq_quantizer.quantize_onnx_initializer, "_lpq_cached", False)
+    from lpq_onnxrt.passes import quantizer
+
+    assert quantizer._ACTIVE.get() is None
+    assert _build(parts, "qdq").SerializeToString() == _build(parts, "qdq").SerializeToString()
+
+
+def test_proto_limit_is_told_from_shapes_without_serializing(parts, monkeypatch):
+    """``_over_proto_limit`` answers as ``ByteSize`` would, and serializes the whole model
+    only near the limit."""
+    from lpq_onnxrt import model_io
+    from lpq_onnxrt.passes import static
+
+    model = model_io.copy_model(parts["model"])
+    light = static._without_weights(model)
+    size = model.ByteSize()
+    calls: list[int] = []
+
+    class Counted:
+        def __init__(self, inner: onnx.ModelProto) -> None:
+            self.graph = inner.graph
+            self.inner = inner
+
+        def ByteSize(self) -> int:
+            calls.append(1)
+            return int(self.inner.ByteSize())
+
+    counted = Counted(model)
+    for limit, over, exact in [
+        (2_000_000_000, False, False),  # far above: no serialization
+        (size + 10, False, True),  # within the margin: the exact answer
+        (size - 10, True, True),
+    ]:
+        calls.clear()
+        monkeypatch.setattr(model_io, "PROTO_LIMIT", limit)
+        assert static._over_proto_limit(counted, light) is over  # type: ignore[arg-type]
+        assert bool(calls) is exact
