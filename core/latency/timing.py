@@ -32,6 +32,29 @@ NOISE_FLOOR = 0.01
 Run = Callable[[], object]
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One timed comparison of a candidate with the current model, as every timer reports
+    it to :func:`lpq.latency.search.decide`: the rule there is one line, a change is kept
+    when ``high < 1 - need``.
+
+    ``ratio`` is candidate / current (a paired statistic: the median of per-round ratios);
+    ``high`` its pessimistic bound, the ratio plus what the timer's noise allows (about two
+    standard errors of that median): :meth:`Timing.comparison` adds its noise to the
+    ratio, lpq-onnxrt's sequential timer reads the ratio at two standard errors above."""
+
+    current_ms: float
+    candidate_ms: float
+    ratio: float
+    high: float
+    rounds: int = 0
+
+    @property
+    def noise(self) -> float:
+        """How far the bound lies above the ratio."""
+        return max(0.0, self.high - self.ratio)
+
+
 @dataclass
 class Timing:
     """Per-round seconds of each candidate, timed interleaved (one list per label, one
@@ -62,6 +85,18 @@ class Timing:
         mad = statistics.median(abs(x - center) for x in logs)
         standard_error = 1.2533 * 1.4826 * mad / math.sqrt(len(logs))
         return max(NOISE_FLOOR, math.expm1(2.0 * standard_error))
+
+    def comparison(self, label: str, base: str) -> Comparison:
+        """``label`` (the candidate) against ``base`` (the current model): the ratio and,
+        as its bound, the ratio plus its :meth:`noise`."""
+        ratio = self.ratio(label, base)
+        return Comparison(
+            current_ms=self.ms(base),
+            candidate_ms=self.ms(label),
+            ratio=ratio,
+            high=ratio + self.noise(label, base),
+            rounds=self.rounds,
+        )
 
     def merged(self, other: Timing) -> Timing:
         """Both measurements pooled (labels of both)."""

@@ -12,9 +12,20 @@ import pytest
 from onnx import numpy_helper
 
 import lpq
+from lpq.latency import decide as core_decide
 from lpq_onnxrt import range_choice
 from lpq_onnxrt.latency import aware, blame, cache, fidelity, timing
-from lpq_onnxrt.latency.decision import decide
+from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
+
+
+def decide(
+    build: Any, fp32_model: Any, ops: Any, feed: Any, *, margin: float | None = None, **parts: Any
+) -> LatencyDecision:
+    """Core's search (lpq.latency.decide) on lpq-onnxrt's backend, as
+    :func:`lpq_onnxrt.latency.aware.latency_decision` runs it."""
+    backend = OrtBackend(build, fp32_model, ops, feed, **parts)
+    return LatencyDecision.of(core_decide(backend, margin=margin))
+
 
 FW = "onnxrt"
 
@@ -158,7 +169,7 @@ def test_op_types_in_the_other_format_can_change_it(digits_parts):
     decision = _decide(digits_parts, None, ("qdq", "qoperator"), timer=timer)
     assert decision.quant_format == "qoperator"
     assert set(decision.fp32_ops) == {n for n, t in ops if t != "Conv"}
-    changes = [(step["change"], step["kept"]) for step in decision.steps]
+    changes = [(step.change, step.kept) for step in decision.steps]
     assert ("format qdq -> qoperator", False) in changes
     assert ("format qdq -> qoperator, its op types", True) in changes
 
@@ -178,10 +189,10 @@ def test_blamed_ops_can_change_the_format(digits_parts):
     )
     assert decision.quant_format == "qoperator"
     assert set(decision.fp32_ops) == {"conv2"}
-    changes = [(step["change"], step["kept"]) for step in decision.steps]
+    changes = [(step.change, step.kept) for step in decision.steps]
     assert ("format qdq -> qoperator", False) in changes
-    assert ("qdq: 1 ops slower in int8 -> fp32", False) in changes
-    assert ("qoperator: 1 ops slower in int8 -> fp32", True) in changes
+    assert ("qdq: 1 ops the profiler blames -> float", False) in changes
+    assert ("qoperator: 1 ops the profiler blames -> float", True) in changes
     assert not any(kept for change, kept in changes if "Conv (2 ops)" in change)
 
 
@@ -199,8 +210,8 @@ def test_blame_runs_again_after_ops_move_to_fp32(digits_parts):
     costs = {n: (1.0, 0.5) for n in names} | {"conv1": (1.0, 3.0), "conv2": (1.0, 0.05)}
     timer = Coupled(costs, names)
     decision = _decide(digits_parts, None, ("qdq",), timer=timer, blame=_slow_ops_blame(timer))
-    rounds = [s["change"] for s in decision.steps if "ops slower in int8" in s["change"]]
-    assert rounds == ["qdq: 1 ops slower in int8 -> fp32"] * 2
+    rounds = [s.change for s in decision.steps if "profiler blames" in s.change]
+    assert rounds == ["qdq: 1 ops the profiler blames -> float"] * 2
     assert set(decision.fp32_ops) == {"conv1", "fc1"}
 
 
@@ -217,10 +228,10 @@ def test_a_blame_round_that_gains_nothing_is_built_on(digits_parts):
     costs = {n: (1.0, 0.5) for n in names} | {"fc1": (1.0, 1.6), "conv2": (1.0, 0.05)}
     timer = Coupled(costs, names)
     decision = _decide(digits_parts, None, ("qdq",), timer=timer, blame=_slow_ops_blame(timer))
-    rounds = [(s["change"], s["kept"]) for s in decision.steps if "slower in int8" in s["change"]]
+    rounds = [(s.change, s.kept) for s in decision.steps if "profiler blames" in s.change]
     assert rounds == [
-        ("qdq: 1 ops slower in int8 -> fp32", False),
-        ("qdq: 1 ops slower in int8 -> fp32", True),
+        ("qdq: 1 ops the profiler blames -> float", False),
+        ("qdq: 1 ops the profiler blames -> float", True),
     ]
     assert set(decision.fp32_ops) == {"conv1", "fc1"}
 
@@ -237,8 +248,8 @@ def test_a_timing_near_a_threshold_is_measured_again(digits_parts):
     timer.calls = 0
     decision = _decide(digits_parts, None, ("qdq", "qoperator"), timer=timer)
     first = decision.steps[0]
-    assert first["change"] == "format qdq -> qoperator"
-    assert not first["kept"] and first["after_ms"] == pytest.approx(977.5)
+    assert first.change == "format qdq -> qoperator"
+    assert not first.kept and first.after_ms == pytest.approx(977.5)
     assert timer.calls > len(decision.steps)
 
 
@@ -248,7 +259,7 @@ def test_op_type_that_int8_slows_down_goes_back_to_fp32(digits_parts):
         digits_parts, lambda n, t: (1.0, 0.5) if t == "Conv" else (1.0, 3.0), ("qdq",)
     )
     assert set(decision.fp32_ops) == {n for n, t in digits_parts["ops"] if t != "Conv"}
-    assert decision.steps and any(step["kept"] for step in decision.steps)
+    assert decision.steps and any(step.kept for step in decision.steps)
 
 
 def test_model_slower_than_fp32_keeps_every_op_fp32(digits_parts):
@@ -259,7 +270,7 @@ def test_model_slower_than_fp32_keeps_every_op_fp32(digits_parts):
 def test_faster_everywhere_keeps_every_op_int8_and_measures_formats(digits_parts):
     decision = _decide(digits_parts, lambda n, t: (1.0, 0.4), ("qdq", "qoperator"))
     assert decision.fp32_ops == []
-    assert decision.steps[0]["change"] == "format qdq -> qoperator"
+    assert decision.steps[0].change == "format qdq -> qoperator"
 
 
 def test_real_measurement_is_cached_on_disk(
@@ -498,7 +509,7 @@ def test_a_faster_but_much_less_faithful_change_needs_a_clear_win(digits_parts):
     # A 5% gain that raises the error is not a clear win: rejected.
     decision = _decide(digits_parts, costs(1.05), ("qdq",), error)
     assert decision.fp32_ops == []
-    assert any("error_after" in step and not step["kept"] for step in decision.steps)
+    assert any(step.error_after is not None and not step.kept for step in decision.steps)
 
 
 def test_a_change_that_buys_no_speed_needs_a_real_fidelity_gain(digits_parts):
@@ -666,8 +677,8 @@ def test_a_plan_with_ops_fallen_back_reuses_the_larger_plans_decision(
     fallen = next(k for k in defaults if k[1] == "Conv")
     fewer = lpq.TuneConfig(ops={**defaults, fallen: lpq.OpConfig.fallback()}, options=options)
     trial = pm.quantize(FW, lpq_sample_model, fewer, calib_loader)
-    assert trial.latency["steps"] == [
-        {"change": "derived from the decision for a plan with 1 more ops", "kept": True}
+    assert [(s["change"], s["kept"]) for s in trial.latency["steps"]] == [
+        ("derived from the decision for a plan with 1 more ops", True)
     ]
     assert trial.latency["quant_format"] == full.latency["quant_format"]
     assert set(trial.latency["fp32_ops"]) == set(full.latency["fp32_ops"]) - {fallen[0]}

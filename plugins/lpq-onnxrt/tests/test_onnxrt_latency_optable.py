@@ -13,10 +13,21 @@ import onnx
 import pytest
 
 import lpq
+from lpq.latency import decide as core_decide
 from lpq.latency.table import LatencyTable, machine
 from lpq_onnxrt import model_io, range_choice, ranges
 from lpq_onnxrt.latency import blame, signature, timing
-from lpq_onnxrt.latency.decision import decide
+from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
+
+
+def decide(
+    build: Any, fp32_model: Any, ops: Any, feed: Any, *, margin: float | None = None, **parts: Any
+) -> LatencyDecision:
+    """Core's search (lpq.latency.decide) on lpq-onnxrt's backend, as
+    :func:`lpq_onnxrt.latency.aware.latency_decision` runs it."""
+    backend = OrtBackend(build, fp32_model, ops, feed, **parts)
+    return LatencyDecision.of(core_decide(backend, margin=margin))
+
 
 FEED = {"input": np.zeros((1, 1, 8, 8), np.float32)}
 
@@ -196,11 +207,15 @@ def test_op_types_are_decided_from_the_table_without_timing_them(digits):
     )
     slow = {n for n, t in digits["ops"] if t != "Conv"}
     assert set(with_table.fp32_ops) == slow
-    from_table = [s for s in with_table.steps if "table" in s]
-    assert [s["change"].split(": ")[1].split(" ")[0] for s in from_table] == ["Conv"]
-    assert all("before_ms" not in s and not s["kept"] for s in from_table)
-    timed = [s["change"] for s in with_table.steps if "before_ms" in s]
-    assert timed == ["qdq: Gemm (1 ops) -> fp32", "qdq: MatMul (1 ops) -> fp32", "every op -> fp32"]
+    from_table = [s for s in with_table.steps if s.note and "op latency table" in s.note]
+    assert [s.change.split(": ")[1].split(" ")[0] for s in from_table] == ["Conv"]
+    assert all(s.before_ms is None and not s.kept for s in from_table)
+    timed = [s.change for s in with_table.steps if s.before_ms is not None]
+    assert timed == [
+        "qdq: Gemm (1 ops) -> float",
+        "qdq: MatMul (1 ops) -> float",
+        "result -> every op float",
+    ]
     assert timer.calls == 3
     assert profiler.profiles == 0 and parts.table.hits == 3  # Conv, Gemm, MatMul
     # The same plan as timing every op type, for one comparison less.
@@ -233,9 +248,11 @@ def test_an_undecided_table_leaves_the_op_type_to_timing(digits):
         timer=timer,
         verdict=profiler.verdict,
     )
-    timed = [s["change"] for s in decided.steps if "before_ms" in s]
+    timed = [s.change for s in decided.steps if s.before_ms is not None]
     assert any("Conv" in change for change in timed)
-    assert not any("Conv" in s["change"] for s in decided.steps if "table" in s)
+    assert not any(
+        "Conv" in s.change for s in decided.steps if s.note and "op latency table" in s.note
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -309,10 +326,10 @@ def test_a_type_the_profile_predicts_much_slower_in_fp32_is_not_timed(digits):
         timer=timer,
         slowdown=slowdown,
     )
-    predicted = [s for s in decided.steps if "profile" in s]
-    assert {s["change"].split(": ")[1].split(" ")[0] for s in predicted} == {"Gemm", "MatMul"}
-    assert all(not s["kept"] and "before_ms" not in s for s in predicted)
-    timed = [s["change"] for s in decided.steps if "before_ms" in s]
+    predicted = [s for s in decided.steps if s.note and "profile" in s.note]
+    assert {s.change.split(": ")[1].split(" ")[0] for s in predicted} == {"Gemm", "MatMul"}
+    assert all(not s.kept and s.before_ms is None for s in predicted)
+    timed = [s.change for s in decided.steps if s.before_ms is not None]
     assert any("Conv" in change for change in timed)
     assert decided.fp32_ops == []
     assert len(asked) == len(set(types.values()))

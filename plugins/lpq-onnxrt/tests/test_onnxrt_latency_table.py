@@ -17,9 +17,20 @@ import onnx
 import pytest
 
 import lpq
+from lpq.latency import decide as core_decide
 from lpq_onnxrt import model_io, range_choice, ranges
 from lpq_onnxrt.latency import timing
-from lpq_onnxrt.latency.decision import decide
+from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
+
+
+def decide(
+    build: Any, fp32_model: Any, ops: Any, feed: Any, *, margin: float | None = None, **parts: Any
+) -> LatencyDecision:
+    """Core's search (lpq.latency.decide) on lpq-onnxrt's backend, as
+    :func:`lpq_onnxrt.latency.aware.latency_decision` runs it."""
+    backend = OrtBackend(build, fp32_model, ops, feed, **parts)
+    return LatencyDecision.of(core_decide(backend, margin=margin))
+
 
 FW = "onnxrt"
 

@@ -3,7 +3,10 @@
 int8 is not faster everywhere. Small depthwise convs, tiny MatMuls and elementwise ops
 between float neighbours pay more for QuantizeLinear/DequantizeLinear than they save, and
 whether a kernel wins depends on the CPU (VNNI or not), the thread count and the batch.
-Rather than guess, this package *measures* on the machine at hand, in context:
+Rather than guess, this package *measures* on the machine at hand, in context. The search
+is core's (:func:`lpq.latency.decide`, with the steps in core's words: formats are its
+variants, dynamic int8 its alternative mode); :mod:`.backend` answers its questions for
+ONNX Runtime and carries the numbers below (:data:`.backend.RULES`):
 
 1. format: the full int8 plan in QDQ and in QOperator (when the user did not pick one);
    the faster one is kept;
@@ -24,7 +27,11 @@ Rather than guess, this package *measures* on the machine at hand, in context:
 3b. each other format gets steps 2 and 3 of its own, and wins when its result beats the
    current plan (step 1 judged the formats with every op int8; the better one may lose
    once each has its slow ops back in float);
-4. never slower than fp32: if the fp32 model beats the result, every op stays fp32.
+3c. fidelity, small models (at most 16 int8 ops left): ops that alone in fp32 cut the
+   output error by 20% go to dynamic int8 where offered, else to fp32, together, kept
+   when that costs no more than the margin;
+4. never slower than fp32: if the fp32 model beats the result by the margin, every op
+   stays fp32.
 
 Every comparison times whole models, interleaved (a run of each, in turn, many times), at
 one sample unless ``latency_batch_size`` says otherwise, and judges the median of the
@@ -34,9 +41,11 @@ fp32, the format) are cached on disk per model, machine, input shape, thread cou
 requested plan, so a tuning run and a later ``lpq quantize`` of the same model pay once.
 
 Modules, by job: :mod:`.aware` (whether it runs; the measuring feed, the cache, then the
-search, for one model), :mod:`.decision` (the search, ``decide``), :mod:`.timing`
-(interleaved measurement), :mod:`.blame` (per-node profiles: which ops int8 makes
-slower, and the op latency table they fill), :mod:`.signature` (an op's table key),
-:mod:`.fidelity` (output error against fp32) and :mod:`.cache` (decisions on disk, and
-decisions derived from a larger plan's).
+search, for one model), :mod:`.backend` (core's search answered for ORT: building,
+timing, blame, table, fidelity; the rules; the decision in lpq-onnxrt's words),
+:mod:`.timing` (interleaved measurement, and the comparer core's search times with),
+:mod:`.blame` (per-node profiles: which ops int8 makes slower, and the op latency table
+they fill), :mod:`.signature` (an op's table key), :mod:`.fidelity` (output error
+against fp32) and :mod:`.cache` (decisions on disk, and decisions derived from a larger
+plan's).
 """

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import lpq
 from lpq import ConfigError, OpConfig, TuneConfig
+from lpq.latency import decide
 
 from .. import graph, model_io, ranges
-from . import blame, cache, decision, signature, timing
+from . import backend, blame, cache, signature, timing
 
 if TYPE_CHECKING:
     import onnx
@@ -106,10 +107,10 @@ def latency_decision(
     static_ops: Mapping[str, OpConfig],
     calib_dataloader: Iterable[Any],
     fmt: str,
-    build: decision.Builder,
+    build: backend.Builder,
     dynamic: list[str],
     error: Callable[[onnx.ModelProto], float],
-) -> decision.LatencyDecision:
+) -> backend.LatencyDecision:
     """Measure (or read from the cache) which static ops int8 makes slower here, and which
     run faster (or as fast, more faithfully) dynamically quantized."""
     from ..data import batched_feed, input_specs
@@ -149,20 +150,21 @@ def latency_decision(
     release = getattr(timer, "release", None)
     if blamer is not None and release is not None:
         blamer.before_profile = release
-    decided = decision.decide(
+    searched = backend.OrtBackend(
         build,
         fp32,
         ops,
         feed,
         formats=formats,
         timer=timer,
-        margin=float(options.get("latency_margin", decision.DEFAULT_MARGIN)),
-        blame=blamer,
         dynamic=dynamic,
         error=error,
+        blame=blamer,
         verdict=getattr(blamer, "verdict", None),
         slowdown=getattr(blamer, "slowdown", None),
     )
+    margin = float(options.get("latency_margin", backend.DEFAULT_MARGIN))
+    decided = backend.LatencyDecision.of(decide(searched, margin=margin, log=log.info))
     if table is not None:
         log.info(
             "op latency table: %d hit(s), %d miss(es), %d profile(s)",

@@ -17,14 +17,17 @@ from typing import Any
 import numpy as np
 
 import lpq
+from lpq.latency import Step
 from lpq.latency.cache import cache_root, machine_identity
 
-from .decision import DEFAULT_MARGIN, LatencyDecision
+from .backend import DEFAULT_MARGIN, LatencyDecision
 from .timing import measuring_options
 
 log = logging.getLogger(__name__)
 
-_CACHE_FORMAT = "lpq-onnxrt-latency/15"
+#: 16: core's decision record (lpq.latency.Decision: steps are its Steps, with times,
+#: ratios and the ops of each candidate); entries of 15 and older are not read.
+_CACHE_FORMAT = "lpq-onnxrt-latency/16"
 #: A decision is derived (not measured) only for a plan that leaves out at most this share
 #: of a decided plan's ops (at least one): see :func:`derived`.
 DERIVE_MAX_SHARE = 0.1
@@ -87,13 +90,7 @@ def cache_key(context: Mapping[str, Any], plan: Any) -> str:
 
 
 def _cached_decision(data: Mapping[str, Any]) -> LatencyDecision:
-    return LatencyDecision(
-        list(data["fp32_ops"]),
-        str(data["quant_format"]),
-        list(data.get("dynamic_ops", [])),
-        list(data["steps"]),
-        cached=True,
-    )
+    return LatencyDecision.from_json(data, cached=True)
 
 
 def load_cached(folder: Path, key: str) -> LatencyDecision | None:
@@ -103,7 +100,7 @@ def load_cached(folder: Path, key: str) -> LatencyDecision | None:
         if data.get("format") != _CACHE_FORMAT:
             return None
         return _cached_decision(data)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -144,14 +141,16 @@ def derived(folder: Path, context: Mapping[str, Any], plan: Any) -> LatencyDecis
         return None
     try:
         parent = _cached_decision(best[1])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
     change = f"derived from the decision for a plan with {best[0] - len(plan)} more ops"
+    fp32_ops = [name for name in parent.fp32_ops if name in plan]
     return LatencyDecision(
-        [name for name in parent.fp32_ops if name in plan],
-        parent.quant_format,
-        [name for name in parent.dynamic_ops if name in plan],
-        [{"change": change, "kept": True}],
+        ops=[name for name in parent.ops if name in plan],
+        keep_float=fp32_ops,
+        variant=parent.quant_format,
+        alternative=[name for name in parent.dynamic_ops if name in plan],
+        steps=[Step(change, fp32_ops, kept=True)],
         cached=True,
     )
 

@@ -84,7 +84,7 @@ def dynamic_alternatives(
     unless the ``dynamic_weights`` option says ``per_channel`` (every MatMul per channel) or
     ``per_tensor`` (every MatMul per tensor, as ORT's dynamic quantization). Only MatMuls are
     tried for speed (ORT's ConvInteger has no fast kernel); a conv only where int8 costs
-    the model much fidelity (see :func:`lpq_onnxrt.latency.decision.decide`)."""
+    the model much fidelity (the fidelity step of :func:`lpq.latency.decide`)."""
     from ..capability import build_capability
 
     wanted = [key for key in tune_cfg.ops if key[0] in static_ops]

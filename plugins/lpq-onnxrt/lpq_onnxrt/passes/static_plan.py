@@ -23,7 +23,7 @@ from lpq.ranges import record, resolve
 
 from .. import graph, model_io, range_choice, ranges, recipes
 from ..latency import aware, fidelity
-from ..latency.decision import Builder, LatencyDecision
+from ..latency.backend import Builder, LatencyDecision
 from .dynamic import dynamic_alternatives
 from .quantizer import WeightCache, per_channel
 from .static import static_pass
