@@ -494,10 +494,8 @@ def test_the_op_table_keeps_a_type_quantized_without_timing_it() -> None:
     assert "op latency table" in untimed[0].note  # type: ignore[operator]
     timed = [s.change for s in decision.steps if s.before_ms is not None]
     assert timed == ["qdq: Add (2 ops) -> float", "result -> every op float"]
-    assert (len(backend.compared) == 2 and asked == [("a1", "a2"), ("c1", "c2")]) or asked == [
-        ("c1", "c2"),
-        ("a1", "a2"),
-    ]
+    assert len(backend.compared) == 2  # Add and the final step; Conv never timed
+    assert asked == [("c1", "c2"), ("a1", "a2")]
 
 
 def test_the_op_table_is_not_asked_with_alternatives_in_the_plan() -> None:

@@ -160,7 +160,8 @@ class Profiler:
         its time, read off its profile (profiled once per model): their fp32 costs minus
         their int8 costs (Q/DQ shares included). Only a prediction (new Q/DQ nodes around
         them are not counted; a fused-away op's fp32 time is credited to the op that
-        absorbed it): :meth:`_Search._from_table` acts on it only far from a threshold."""
+        absorbed it): the search (:func:`lpq.latency.decide`) acts on it only far from a
+        threshold (``Rules.predicted_slower``)."""
         costs = self.costs(model, fp32_ops)
         delta = sum(costs[name][0] - costs[name][1] for name in names if name in costs)
         return delta / self._total if self._total > 0 else 0.0
