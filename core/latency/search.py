@@ -449,6 +449,7 @@ class _Search:
         high = found.high
         kept = high < 1.0 - need
         keep, variant, alt = plan
+        self.tried.add((keep, variant, alt - keep))
         step = Step(
             change=what,
             keep_float=[n for n in self.names if n in keep],
@@ -691,9 +692,9 @@ class _Search:
             groups = _segments(left, 2**depth)
             for group in groups:
                 trial = self.keep | frozenset(group)
-                if trial in (self.keep, self.every) or trial in self.tried:
-                    continue
-                self.tried.add(trial)
+                tried = (trial, self.variant, self.alt - trial) in self.tried
+                if trial in (self.keep, self.every) or tried:
+                    continue  # e.g. a segment that is an op type timed already
                 span = f"{group[0]}..{group[-1]}" if len(group) > 1 else group[0]
                 what = f"segment {span} ({len(group)} ops) -> float"
                 candidate = self.build(trial, self.variant, self.alt)
