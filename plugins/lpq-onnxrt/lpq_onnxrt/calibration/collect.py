@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 #: Default budget for the activations one calibration run may return (bytes).
 DEFAULT_MEMORY_BUDGET = 1 << 30
 MEMORY_ENV = "LPQ_CALIB_MEMORY_MB"
+#: Within the budget, the samples of one run return at most this many times the model's
+#: weights in activations, or :data:`RUN_FLOOR` bytes, whichever is more (see
+#: :func:`run_budget`).
+RUN_WEIGHTS = 4
+RUN_FLOOR = 64 << 20
 
 
 def memory_budget(options: Mapping[str, Any] | None = None) -> int:
@@ -45,12 +50,30 @@ def memory_budget(options: Mapping[str, Any] | None = None) -> int:
     return int(megabytes * (1 << 20))
 
 
+def run_budget(model: onnx.ModelProto, budget: int) -> int:
+    """Bytes of activations one calibration run returns at most: ``budget``, or less for a
+    small model: :data:`RUN_WEIGHTS` times its weights, and at least :data:`RUN_FLOOR`.
+
+    A batch of samples runs in chunks of samples whose activations fit this (the tensors
+    still fetched in groups that fit ``budget``: never more runs per sample). The
+    statistics do not depend on the chunking (see :mod:`.histogram`). MTCNN's P-Net (28 KB
+    of weights, 15 MB of activations per 320x240 picture) ran its batches of 32 whole
+    under the 1 GiB budget: 1.2 GB resident after calibration, where ORT's
+    ``quantize_static`` peaks at 240 MB; in chunks of 4 pictures, 0.67 GB."""
+    from ..weights import nbytes
+
+    weights = sum(nbytes(init) for init in model.graph.initializer)
+    return min(budget, max(RUN_FLOOR, RUN_WEIGHTS * weights))
+
+
 @dataclass
 class _Plan:
     """How to run one feed within the budget: samples per run and tensors per run."""
 
     chunk: int
     groups: list[list[str]]
+    #: bytes of one sample of every tensor
+    per_sample: int = 0
 
 
 def _batch_of(feed: Mapping[str, np.ndarray]) -> int | None:
@@ -75,7 +98,7 @@ def _plan(per_sample: Mapping[str, int], budget: int, batch: int) -> _Plan:
             used = 0
         groups[-1].append(name)
         used += size * chunk
-    return _Plan(chunk, groups)
+    return _Plan(chunk, groups, total)
 
 
 def collect_statistics(
@@ -99,9 +122,9 @@ def collect_statistics(
     Peak memory is bounded by ``memory_budget_bytes`` (plus ORT's own working memory),
     whatever the model, batch or number of samples: the first feed is probed with one
     sample to learn each tensor's bytes per sample; then every feed runs in chunks of
-    samples, and when one sample's activations alone exceed the budget, the tensors are
-    fetched in groups, one run per group. Outputs are folded into the histograms and
-    dropped before the next run.
+    samples (within :func:`run_budget`: less for a small model), and when one sample's
+    activations alone exceed the budget, the tensors are fetched in groups, one run per
+    group. Outputs are folded into the histograms and dropped before the next run.
     """
     import onnx
     from onnx import numpy_helper
@@ -171,6 +194,8 @@ def collect_statistics(
                 plan = _probe(
                     session, from_session, run_feed, batch, memory_budget_bytes, count, declared
                 )
+                per_run = run_budget(model, memory_budget_bytes)
+                plan.chunk = min(plan.chunk, max(1, per_run // max(plan.per_sample, 1)))
             step = plan.chunk if batch is not None else 1
             for start in range(0, batch or 1, step):
                 part = _slice(run_feed, start, start + step) if batch is not None else run_feed
