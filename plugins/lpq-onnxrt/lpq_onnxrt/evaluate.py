@@ -98,9 +98,20 @@ def evaluate(
             windows.append(int(np.shape(feed[llm_io.TOKENS])[-1]))
             yield feed, labels
 
-    result = evaluate_batches(
-        batches(), run, metrics, postprocess=postprocess, measurer=None, iteration=iteration
-    )
+    if metrics:
+        result = evaluate_batches(
+            batches(), run, metrics, postprocess=postprocess, measurer=None, iteration=iteration
+        )
+    else:
+        # Timed only (the tuner's latency pass): the first window gives the cache length
+        # and nothing is scored. The tuner's latency data repeats the calibration batches
+        # until enough time was *timed* (up to 202 of them), and no prefill is timed here:
+        # running them all cost a whole-window forward each, ~3 min per timing of SmolLM2.
+        if next(batches(), None) is None:
+            raise DataError(
+                "the evaluation dataloader yielded no batches", hint="pass non-empty data"
+            )
+        result = EvalResult(metrics={}, batches=1)
     # the same specs passed the check above, so this feed exists
     step = llm_io.decode_feed(specs, past=max(windows, default=DECODE_PAST)) or {}
     for _ in range(measurer.warmup + DECODE_STEPS):

@@ -31,8 +31,8 @@ def test_a_model_without_cache_inputs_gets_no_decode_feed():
     assert llm_io.decode_feed(specs, past=8) is None
 
 
-def test_decoder_latency_is_timed_on_decode_steps(monkeypatch):
-    model = builder_decoder()
+def _spy_runs(monkeypatch) -> list[tuple[int, int]]:
+    """The ``input_ids`` shape of every run of the session ``evaluate`` makes."""
     fed: list[tuple[int, int]] = []
     real = evaluate.runnable
 
@@ -50,12 +50,57 @@ def test_decoder_latency_is_timed_on_decode_steps(monkeypatch):
         return Spy(), proto, options
 
     monkeypatch.setattr(evaluate, "runnable", spying)
+    return fed
+
+
+class _Count:
+    """Counts how many batches were run through ``update``."""
+
+    name, higher_is_better = "count", True
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def update(self, preds, labels) -> None:
+        self.n += 1
+
+    def result(self) -> float:
+        return float(self.n)
+
+
+def test_decoder_latency_is_timed_on_decode_steps(monkeypatch):
+    fed = _spy_runs(monkeypatch)
     windows = [({"input_ids": tokens(2, 24, seed=1)}, None)]
     measurer = LatencyMeasurer(warmup=1)
-    result = evaluate.evaluate(model, windows, None, [], measurer, None)
-    assert fed[0] == (2, 24)  # the window is scored as given
+    result = evaluate.evaluate(builder_decoder(), windows, None, [_Count()], measurer, None)
+    assert fed[0] == (2, 24)  # with a metric, the window is scored as given
     steps = fed[1:]
     assert len(steps) == measurer.warmup + evaluate.DECODE_STEPS
     assert all(shape == (1, 1) for shape in steps)
     assert len(measurer.samples) == evaluate.DECODE_STEPS
     assert result.latency_ms == measurer.median_ms
+    assert result.metrics == {"count": 1.0}
+
+
+def test_timing_a_decoder_runs_no_window(monkeypatch):
+    """The tuner's latency pass (no metric) cycles its data up to 202 batches: none of
+    them is run, only decode steps after a cache as long as the first window."""
+    from lpq.tuning.runner import Evaluation
+
+    fed = _spy_runs(monkeypatch)
+    pulled = []
+
+    class Windows:
+        def __iter__(self):
+            for seed in range(2):
+                pulled.append(seed)
+                yield {"input_ids": tokens(2, 24, seed=seed)}
+
+    evaluation = Evaluation(framework="onnxrt", latency_dataloader=Windows(), latency_warmup=1)
+    latency = evaluation.latency(builder_decoder())
+    assert latency is not None and latency > 0
+    assert fed == [(1, 1)] * (1 + evaluate.DECODE_STEPS)
+    assert len(pulled) == 1

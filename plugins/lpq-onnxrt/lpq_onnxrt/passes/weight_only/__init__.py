@@ -52,6 +52,7 @@ from ... import weights
 from ...data import iter_batches
 from . import accuracy_level as levels
 from . import embedding as emb
+from . import reuse
 from .activations import Need, TensorStats, add, collect
 from .awq_fold import FoldSite, apply_fold, fold_site
 from .nodes import replace_matmul
@@ -180,14 +181,24 @@ class _Pass:
         """Calibrate and quantize one stage (decoder layer) at a time."""
         assert self.calib is not None
         feeds = [feed for feed, _ in iter_batches(self.src, self.calib, None)]
-        runner = StagedRun(
-            self.src,
-            feeds,
-            stages,
-            streams or None,
-            other_batches=_batches_for(feeds, COMPARE_ROWS),
+        names = list(streams or [REFERENCE])
+        files = reuse.Calibration.of(
+            self.src, feeds, needs, names, [COMPARE_ROWS, sorted(self.formats.items())]
         )
-        stage_of = runner.stage_of()
+        replay = files is not None and files.complete
+        runner = None
+        if not replay:
+            runner = StagedRun(
+                self.src,
+                feeds,
+                stages,
+                streams or None,
+                other_batches=_batches_for(feeds, COMPARE_ROWS),
+            )
+        elif files is not None:  # an earlier trial of this run calibrated the same way
+            self.compared = files.load_compared()
+            log.info("weight-only calibration: read from this run's files (%s)", files.dir)
+        stage_of = {node.name: i for i, stage in enumerate(stages) for node in stage.nodes}
         capture: dict[str, int] = {}  # tensor -> the stage whose run summarises it
         readers: dict[str, list[str]] = {}
         for node in self.src.graph.node:
@@ -199,7 +210,7 @@ class _Pass:
                 index = stage_of[node.name]
                 capture[node.input[0]] = min(capture.get(node.input[0], index), index)
                 readers.setdefault(node.input[0], []).append(node.name)
-        compare = self._head_input_stage(stages) if len(runner.streams) > 1 else None
+        compare = self._head_input_stage(stages) if len(names) > 1 else None
         layers = sum(1 for s in stages if not s.gather)
         done = 0
         for index, stage in enumerate(stages):
@@ -207,10 +218,20 @@ class _Pass:
             wanted = [t for t, i in capture.items() if i == index]
             if compare is not None and compare[1] == index:
                 wanted.append(compare[0])
-            for tensor in wanted:
-                if tensor in needs and tensor not in self.stats:
-                    self.stats[tensor] = TensorStats.start(needs[tensor])
-            self._run_stage(runner, index, wanted, needs, compare)
+            if runner is None and files is not None:
+                for tensor in wanted:
+                    if tensor in needs and tensor not in self.stats:
+                        self.stats[tensor] = files.load(tensor)
+            else:
+                assert runner is not None
+                for tensor in wanted:
+                    if tensor in needs and tensor not in self.stats:
+                        self.stats[tensor] = TensorStats.start(needs[tensor])
+                self._run_stage(runner, index, wanted, needs, compare)
+                if files is not None:
+                    for tensor in wanted:
+                        if tensor in needs:
+                            files.save(tensor, self.stats[tensor])
             names = [n.name for n in stage.nodes if n.name in self.choices]
             if not stage.gather:
                 done += 1
@@ -223,6 +244,9 @@ class _Pass:
                 if tensor not in keep and all(r in finished for r in readers.get(tensor, [])):
                     del self.stats[tensor]
             weights.release_free_memory()
+        if files is not None and not replay:
+            files.save_compared(self.compared)
+            files.finish()
 
     @property
     def head_name(self) -> str | None:
@@ -412,13 +436,28 @@ class _Pass:
             return {}
         if any(emb.fits(self.embedding, block) for block, _ in self.formats.values()):
             return {}
-        table = weights.array(self.inits[self.embedding.table])
         streams: dict[str, Any] = {REFERENCE: None}
         for bits in (4, 8):
-            block, symmetric = self.formats[bits]
-            self.tables[bits] = emb.quantize_table(table, bits, block, symmetric)
-            streams[f"int{bits}"] = emb.rows(self.tables[bits])
+            streams[f"int{bits}"] = self._table_rows(bits)
         return streams
+
+    def _table(self, bits: int) -> BlockQuantized:
+        """The embedding table quantized to ``bits`` (once per pass)."""
+        assert self.embedding is not None
+        if bits not in self.tables:
+            block, symmetric = self.formats[bits]
+            table = weights.array(self.inits[self.embedding.table])
+            self.tables[bits] = emb.quantize_table(table, bits, block, symmetric)
+        return self.tables[bits]
+
+    def _table_rows(self, bits: int) -> Any:
+        """A stream's embedding rows, its table quantized when a batch first needs it
+        (never, when the calibration is read back from this run's files)."""
+
+        def rows(ids: np.ndarray) -> np.ndarray:
+            return emb.rows(self._table(bits))(ids)
+
+        return rows
 
     def _embedding_format(self, bits: int) -> tuple[int, bool]:
         """Block size and scheme of a ``bits`` embedding: a tied quantized head's when
@@ -478,9 +517,7 @@ class _Pass:
         if why is not None:
             entry.update(kept="fp32", reason=why)
             return
-        quantized = self.tables.get(bits) or emb.quantize_table(
-            weights.array(self.inits[self.embedding.table]), bits, block, symmetric
-        )
+        quantized = self._table(bits)
         self.tables.clear()
         shared = self._shared_head_b(quantized)
         rank = _input_rank(self.src, self.nodes[self.embedding.node].input[1])
@@ -738,6 +775,16 @@ def _needs(
 
 
 def _quantize(
+    weight: np.ndarray, choice: LayerChoice, stats: TensorStats | None, options: Mapping[str, Any]
+) -> BlockQuantized:
+    """``weight`` quantized as ``choice`` says, from the run cache when an earlier trial
+    of the run quantized it the same way (:mod:`.reuse`)."""
+    return reuse.quantized(
+        weight, choice, stats, options, lambda: _compute(weight, choice, stats, options)
+    )
+
+
+def _compute(
     weight: np.ndarray, choice: LayerChoice, stats: TensorStats | None, options: Mapping[str, Any]
 ) -> BlockQuantized:
     args = (weight, choice.bits, choice.block_size, choice.symmetric)
