@@ -12,20 +12,20 @@ from test_onnxrt_weight_only import FW, _cfg, _tokens, tiny_decoder
 import lpq
 from lpq.cache import RunCache, using_run_cache
 from lpq_onnxrt.passes import weight_only as wo
-from lpq_onnxrt.passes.weight_only import reuse
+from lpq_onnxrt.passes.weight_only import matmuls, reuse
 
 
 @pytest.fixture
 def searches(monkeypatch):
     """How many weights the scale search ran on."""
     calls: list[tuple[int, int]] = []
-    real = wo.search_scales
+    real = matmuls.search_scales
 
     def counting(weight, *args, **kwargs):
         calls.append(weight.shape)
         return real(weight, *args, **kwargs)
 
-    monkeypatch.setattr(wo, "search_scales", counting)
+    monkeypatch.setattr(matmuls, "search_scales", counting)
     return calls
 
 
@@ -99,6 +99,16 @@ def test_a_later_trial_reads_the_calibration_back(monkeypatch, tmp_path):
         return real(self, index, wanted)
 
     monkeypatch.setattr(stages.StagedRun, "run", counting)
+    from lpq_onnxrt.passes.weight_only import lm_head
+
+    heads: list[int] = []
+    measure = lm_head.measure_lm_head
+
+    def measuring(*args, **kwargs):
+        heads.append(1)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(lm_head, "measure_lm_head", measuring)
     pm = lpq.get_plugin_manager()
     model = tiny_decoder()
     cfg = _cfg(pm, model, "int4", algorithm="scale_search", block_size=32)
@@ -108,6 +118,7 @@ def test_a_later_trial_reads_the_calibration_back(monkeypatch, tmp_path):
         ran = len(runs)
         second = _quantize(pm, model, cfg)
     assert ran > 0 and len(runs) == ran
+    assert len(heads) == 1  # the int8 head was measured once, by the first trial
     a, b = wo.read_report(first), wo.read_report(second)
     assert a["lm_head"] == b["lm_head"] and "measured" in a["lm_head"]
     assert a["embedding"] == b["embedding"] and a["embedding"]["measured"]

@@ -24,13 +24,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lpq.weight_only import BlockQuantized, dequantize_blocks
+from lpq import ConfigError
+from lpq.weight_only import BlockQuantized, dequantize_blocks, quantize_rtn
 
+from . import source
+from .activations import TensorStats
 from .nodes import MS_DOMAIN
+from .plan import LayerChoice
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +171,77 @@ def measure(
     )
     _CACHE[key] = result
     return result
+
+
+# ------------------------------------------------------------- the pass's choice
+def fixed_level(options: Mapping[str, Any]) -> int | None:
+    """The ``accuracy_level`` option as an int, or None for ``auto``."""
+    value = options.get("accuracy_level", "auto")
+    if value in (None, "auto"):
+        return None
+    level = int(value)
+    if not 0 <= level <= 4:
+        raise ConfigError(f"accuracy_level must be 0..4 or auto, got {value!r}", hint="use auto")
+    return level
+
+
+def level_inputs(
+    model: onnx.ModelProto,
+    choices: Mapping[str, LayerChoice],
+    head: str | None,
+    options: Mapping[str, Any],
+) -> set[str]:
+    """Input tensors of the MatMuls ``auto`` times (their statistics are kept to the end
+    of the pass, for :func:`measure_levels`)."""
+    if fixed_level(options) is not None:
+        return set()
+    nodes = {node.name: node for node in model.graph.node}
+    shapes = source.shapes(model)
+    exclude = {head} if head else set()
+    found = set()
+    for bits in {c.bits for c in choices.values()}:
+        mine = {n for n, c in choices.items() if c.bits == bits}
+        name = representative(shapes, exclude, mine)
+        if name is not None:
+            found.add(nodes[name].input[0])
+    return found
+
+
+def measure_levels(
+    model: onnx.ModelProto,
+    choices: Mapping[str, LayerChoice],
+    head: str | None,
+    stats: Mapping[str, TensorStats],
+    report: dict[str, Any],
+) -> None:
+    """``accuracy_level`` per bit width (``auto``), timed on a representative decoder
+    MatMul (:func:`representative`: never lm_head or a Gather, capped in size) quantized
+    RTN with that bit width's block and scheme; results in ``report``."""
+    nodes = {node.name: node for node in model.graph.node}
+    shapes = source.shapes(model)
+    exclude = {head} if head is not None else set()
+    for bits in sorted({c.bits for c in choices.values()}):
+        mine = {name for name, c in choices.items() if c.bits == bits}
+        first = choices[next(name for name in choices if name in mine)]
+        name = representative(shapes, exclude, mine)
+        if name is None:  # only the head: a column slice of it
+            name = next(iter(mine))
+            if name not in shapes:
+                continue
+        node = nodes[name]
+        weight = source.weight(model, node)
+        cols = max(1, MAX_TIMED_WEIGHTS // weight.shape[0])
+        weight = np.ascontiguousarray(weight[:, :cols])
+        quantized = quantize_rtn(weight, bits, first.block_size, first.symmetric)
+        found = stats.get(node.input[0])
+        sample = found.sample() if found is not None and found.rows else None
+        result = measure(weight, quantized, sample)
+        report["accuracy_level"][f"int{bits}"] = {**result, "layer": name}
+
+
+def level(bits: int, options: Mapping[str, Any], report: Mapping[str, Any]) -> int:
+    """``accuracy_level`` for a layer of ``bits``: the option, or the measured one."""
+    fixed = fixed_level(options)
+    if fixed is not None:
+        return fixed
+    return int(report["accuracy_level"].get(f"int{bits}", {}).get("chosen", 0))

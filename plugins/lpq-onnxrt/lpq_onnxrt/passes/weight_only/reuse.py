@@ -12,6 +12,8 @@ run's cache folder (:func:`lpq.run_cache`'s ``folder``, ``<workspace>/<run>/cach
   with the same key reads them back one stage at a time and runs no ONNX Runtime
   session at all. GPTQ Hessians (one (K, K) float64 matrix per MatMul input) are not
   written: a run that needs them calibrates in every trial.
+* **lm_head's int8 measurement** (:func:`remembered`), keyed by the head's weight,
+  its input rows and the thresholds.
 * **Quantized weights** (:func:`quantized`): a MatMul quantized int4 by the scale
   search, block 32, from the same weight and statistics, is the same array in every
   trial. The key is everything it is computed from: the weight's bytes, the choice
@@ -33,7 +35,7 @@ import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -47,6 +49,8 @@ from .plan import LayerChoice
 
 if TYPE_CHECKING:
     import onnx
+
+T = TypeVar("T")
 
 NAMESPACE = "onnxrt-weight-only"
 #: Options that change what an algorithm computes (the rest only steer the pass).
@@ -102,6 +106,24 @@ def quantized(
     value = compute()
     with atomic_write(path, "wb") as handle:
         _save(value, handle)
+    return value
+
+
+def remembered(kind: str, parts: Sequence[Any], compute: Callable[[], T]) -> T:
+    """``compute()`` (a JSON value), or what it returned for the same ``parts`` earlier
+    in this run (lm_head's int8 measurement: 1.7 s on SmolLM2's 576 x 49152 head)."""
+    root = folder()
+    if root is None:
+        return compute()
+    path = root / kind / lpq.content_key(VERSION, *parts)
+    if path.exists():
+        try:
+            return cast(T, json.loads(path.read_text()))
+        except ValueError:  # a corrupt file: compute it again
+            pass
+    value = compute()
+    with atomic_write(path, "w") as handle:
+        json.dump(value, handle)
     return value
 
 
