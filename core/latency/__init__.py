@@ -5,9 +5,12 @@ ops, build a candidate with some ops in float, run a candidate once) and gets ba
 :class:`Decision`: which ops stay float, with the measurements behind it.
 
 - :mod:`lpq.latency.timing`: interleaved, robust timing (round-robin, median, noise);
-- :mod:`lpq.latency.search`: the decision (variants, alternatives, op types, blame rounds,
-  fidelity, never slower than fp32), with the optional backend methods that turn on
-  each step;
+- :mod:`lpq.latency.steps`: the decision (variants, alternatives, op types, blame rounds,
+  fidelity, never slower than fp32), with :mod:`.rules` (the numbers it decides by),
+  :mod:`.backend` (what it asks a framework, and the optional methods that turn on
+  each step), :mod:`.comparers` (the default timing of a comparison), :mod:`.decision`
+  (its records and their JSON) and :mod:`.adaptor` (the option, the log line);
+  :mod:`lpq.latency.search` gathers their public names;
 - :mod:`lpq.latency.cache`: decisions on disk per model, plan, shapes, machine, threads;
 - :mod:`lpq.latency.table`: per-op float / quantized costs shared across models and runs.
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..cache import content_key
 from ..fileio import atomic_write
 from ..hardware import cpu_features
-from .search import Decision
+from .decision import Decision
 
 log = logging.getLogger("lpq.latency")
 

@@ -1,0 +1,170 @@
+"""How the latency search judges one comparison, and the state it judges in
+(:class:`Judge`, the base of the search in :mod:`lpq.latency.steps`).
+
+One rule decides every comparison: the timer reports a
+:class:`~lpq.latency.timing.Comparison`, and a change towards float is kept when its
+pessimistic bound ``high`` is under ``1 - need``; with the backend's ``error``, the tie
+rules of :meth:`Judge.better` add (see :mod:`lpq.latency.steps`). Kept apart from the
+steps: every step asks the same question (is this candidate better than the current
+plan?) and must get the same answer, recorded the same way, whatever the step; the
+steps then read as the order they are tried in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .backend import Backend
+from .comparers import Compare
+from .decision import Step
+from .rules import Rules
+
+
+class Judge:
+    """The state of one :func:`~lpq.latency.steps.decide`: the plan so far (ops in float,
+    variant, ops in the alternative mode, its model), the backend's optional methods and
+    the log of comparisons; and how one comparison is built, timed, judged and recorded.
+    A backend may name its variants and its alternative mode for the step labels
+    (``variant_name``, ``alternative_name``)."""
+
+    def __init__(
+        self,
+        backend: Backend[Any],
+        compare: Compare,
+        rules: Rules,
+        log: Callable[[str], None] | None,
+    ) -> None:
+        self.backend, self.compare, self.rules, self.log = backend, compare, rules, log
+        self.ops = list(backend.ops())
+        self.names = [name for name, _ in self.ops]
+        self.every = frozenset(self.names)
+        self.by_type: dict[str, list[str]] = {}
+        for name, op_type in self.ops:
+            self.by_type.setdefault(op_type, []).append(name)
+        variants = getattr(backend, "variants", None)
+        alternatives = getattr(backend, "alternatives", None)
+        self.variants: list[str | None] = list(variants()) if callable(variants) else [None]
+        self.alternatives = alternatives if callable(alternatives) else None
+        self.modes = callable(variants) or self.alternatives is not None
+        # What the backend calls its variants and its alternative mode (step labels).
+        self.variant_name = getattr(backend, "variant_name", "variant")
+        self.alternative_name = getattr(backend, "alternative_name", "the alternative mode")
+        self.blame = _optional(backend, "blame")
+        self.error = _optional(backend, "error")
+        self.verdict = _optional(backend, "verdict")
+        self.slowdown = _optional(backend, "slowdown")
+        self.margin = rules.margin
+        self.steps: list[Step] = []
+        self.tried: set[Hashable] = set()
+        self._built: dict[Hashable, Any] = {}
+        # The model is kept beside its error: ids stay unique.
+        self._errors: dict[int, tuple[Any, float]] = {}
+        self.keep: frozenset[str] = frozenset()
+        self.variant = self.variants[0]
+        self.alt: frozenset[str] = frozenset()
+        self.current: Any = None
+
+    # -- building, timing, judging ----------------------------------------------------
+
+    def build(self, keep: frozenset[str], variant: str | None, alt: frozenset[str]) -> Any:
+        alt = alt - keep
+        key = (keep, variant, alt)
+        if key in self._built:
+            return self._built[key]
+        # A backend with variants or alternatives takes them; the others, the float ops.
+        build: Callable[..., Any] = self.backend.build
+        model = build(keep, variant, alt) if self.modes else build(keep)
+        if self.rules.keep_builds or not (keep or alt):
+            self._built[key] = model
+        return model
+
+    def errors(self, model: Any) -> float:
+        """``error(model)``, once per model (the current model is compared again and again)."""
+        assert self.error is not None
+        if id(model) not in self._errors:
+            self._errors[id(model)] = (model, self.error(model))
+        return self._errors[id(model)][1]
+
+    def edges(self, need: float, tie: float) -> tuple[float, ...]:
+        """The thresholds on candidate / current the rules decide by, the deciding one
+        first (then: the clear win a less faithful change needs, the loss that ends the
+        blame rounds, and with ``tie`` "as fast" and "a little slower")."""
+        found: tuple[float, ...] = (1.0 - need, 1.0 - self.rules.tie, 1.0 + self.margin)
+        if tie > 0:
+            found += (1.0 + tie, 1.0 + max(tie, self.rules.tie))
+        return found
+
+    def better(
+        self,
+        current: Any,
+        candidate: Any,
+        what: str,
+        plan: tuple[frozenset[str], str | None, frozenset[str]],
+        *,
+        need: float | None = None,
+        tie: float = 0.0,
+    ) -> Step:
+        """Whether ``candidate`` (``plan``: its float ops, variant, alternative ops) beats
+        ``current``: faster by ``need`` (default the margin) at the timer's pessimistic
+        bound and, with ``error``, not much less faithful; or, with ``tie``, about as fast
+        and more faithful. Recorded and logged."""
+        need = self.margin if need is None else need
+        rules = self.rules
+        found = self.compare(current, candidate, self.edges(need, tie))
+        high = found.high
+        kept = high < 1.0 - need
+        keep, variant, alt = plan
+        self.tried.add((keep, variant, alt - keep))
+        step = Step(
+            change=what,
+            keep_float=[n for n in self.names if n in keep],
+            before_ms=round(found.current_ms, 5),
+            after_ms=round(found.candidate_ms, 5),
+            ratio=round(found.ratio, 4),
+            noise=round(found.noise, 4),
+            kept=kept,
+            rounds=found.rounds,
+            variant=variant,
+            alternative=[n for n in self.names if n in alt - keep],
+        )
+        as_fast = high <= 1.0 + tie
+        near = high <= 1.0 + max(tie, rules.tie)
+        if self.error is not None and (kept or (tie > 0 and near)):
+            before, after = self.errors(current), self.errors(candidate)
+            step.error_before, step.error_after = round(before, 6), round(after, 6)
+            if not kept:  # as fast and more faithful, or a little slower and far more
+                kept = (as_fast and after < before * (1.0 - rules.fidelity_noise)) or (
+                    after < before * rules.fidelity_halves
+                )
+            elif after > before * (1.0 + rules.fidelity_slack):
+                # Faster but much less faithful: only for a clear win, not timing noise.
+                kept = high < 1.0 - rules.tie
+        step.kept = kept
+        self.steps.append(step)
+        if self.log is not None:
+            error = (
+                f", error {step.error_before} -> {step.error_after}"
+                if step.error_before is not None
+                else ""
+            )
+            self.log(
+                f"latency: {what}: {found.current_ms:.3f} -> {found.candidate_ms:.3f} ms "
+                f"(x{found.ratio:.3f}, noise {found.noise:.1%}{error}): "
+                f"{'kept' if kept else 'rejected'}"
+            )
+        return step
+
+    def prefix(self, variant: str | None) -> str:
+        return "" if variant is None else f"{variant}: "
+
+    def _note(self, what: str, trial: frozenset[str], variant: str | None, note: str) -> None:
+        keep_float = [n for n in self.names if n in trial]
+        self.steps.append(Step(what, keep_float, variant=variant, kept=False, note=note))
+        if self.log is not None:
+            self.log(f"latency: {what}: {note} (rejected)")
+
+
+def _optional(backend: Any, name: str) -> Callable[..., Any] | None:
+    found = getattr(backend, name, None)
+    return found if callable(found) else None
