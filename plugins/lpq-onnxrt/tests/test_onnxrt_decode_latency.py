@@ -104,3 +104,65 @@ def test_timing_a_decoder_runs_no_window(monkeypatch):
     assert latency is not None and latency > 0
     assert fed == [(1, 1)] * (1 + evaluate.DECODE_STEPS)
     assert len(pulled) == 1
+
+
+def test_a_model_file_is_opened_by_ort_itself(monkeypatch, tmp_path):
+    """An fp32 model given as a file that version normalisation keeps as it is (the
+    builder's opset 22 with ops onnx cannot convert) is never loaded into a proto with
+    its weights: ORT opens the file, and the proto returned is the graph alone."""
+    import onnx
+
+    from lpq_onnxrt import model_io
+
+    path = tmp_path / "model.onnx"
+    onnx.save_model(
+        builder_decoder(),
+        str(path),
+        save_as_external_data=True,
+        location="model.data",
+    )
+
+    def no_full_load(*args, **kwargs):
+        raise AssertionError("the whole model was loaded")
+
+    monkeypatch.setattr(model_io, "load_file", no_full_load)
+    session, proto, _ = evaluate.runnable(str(path))
+    assert any(init.data_location == onnx.TensorProto.EXTERNAL for init in proto.graph.initializer)
+    expected = evaluate.runnable(builder_decoder())[0]
+    feed = llm_io.decode_feed(input_specs(proto), past=3)
+    assert feed is not None
+    np.testing.assert_allclose(
+        session.run(["logits"], feed)[0], expected.run(["logits"], feed)[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_model_file_normalisation_changes_is_loaded(monkeypatch, tmp_path):
+    """A file whose versions lpq converts (a plain opset-22 graph) takes the old path."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from lpq_onnxrt import model_io
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    path = tmp_path / "relu.onnx"
+    onnx.save_model(model, str(path))
+    loaded = []
+    real = model_io.load_file
+
+    def counting(file):
+        loaded.append(file)
+        return real(file)
+
+    monkeypatch.setattr(model_io, "load_file", counting)
+    session, proto, _ = evaluate.runnable(str(path))
+    assert loaded and model_io.opset_of(proto) <= model_io.MAX_OPSET
+    out = session.run(["y"], {"x": np.array([[-1, 2, -3, 4]], np.float32)})[0]
+    np.testing.assert_array_equal(out, [[0, 2, 0, 4]])
