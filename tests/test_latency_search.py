@@ -692,3 +692,25 @@ def test_a_timer_is_pooled_near_the_deciding_edge_only() -> None:
     calls.clear()
     pooled(timer(0.5))("a", "b", (0.97, 0.5))  # far from 0.97 (near another edge): once
     assert len(calls) == 1
+
+
+def test_the_sequential_statistic_stops_once_clear_and_bounds_the_ratio_above() -> None:
+    """Core's sequential compare (lpq-onnxrt's timer) on scripted runs: a 2x win is clear
+    after its minimum rounds; its pessimistic bound lies above the median ratio."""
+    from lpq.latency import sequential_compare
+    from lpq.latency.timing import HIGH, MIN_ROUNDS
+
+    rng = random.Random(0)
+    rounds = {"n": 0}
+
+    def run(seconds: float) -> Any:
+        def once() -> float:
+            rounds["n"] += 1
+            return seconds * (1.0 + 0.05 * rng.random())
+
+        return once
+
+    found = sequential_compare({"current": run(1.0), "candidate": run(0.5)}, edges=(0.97,))
+    assert rounds["n"] // 2 == MIN_ROUNDS
+    assert found["candidate"] / found["current"] == pytest.approx(0.5, rel=0.05)
+    assert found[HIGH] > found["candidate"]

@@ -4,7 +4,8 @@ The algorithm lives here; an adaptor supplies a small backend (:class:`Backend`:
 ops, build a candidate with some ops in float, run a candidate once) and gets back a
 :class:`Decision`: which ops stay float, with the measurements behind it.
 
-- :mod:`lpq.latency.timing`: interleaved, robust timing (round-robin, median, noise);
+- :mod:`lpq.latency.timing`: interleaved, robust timing: fixed rounds pooled near an edge
+  (:func:`interleaved`) or stopped once clear of every edge (:func:`sequential_compare`);
 - :mod:`lpq.latency.steps`: the decision (variants, alternatives, op types, blame rounds,
   fidelity, never slower than fp32), with :mod:`.rules` (the numbers it decides by),
   :mod:`.backend` (what it asks a framework, and the optional methods that turn on
@@ -37,7 +38,7 @@ from .search import (
     runner_timer,
 )
 from .table import LatencyTable, Verdict
-from .timing import Comparison, Timing, interleaved
+from .timing import Comparison, Timing, interleaved, sequential_compare
 
 __all__ = [
     "DEFAULT_MARGIN",
@@ -60,4 +61,5 @@ __all__ = [
     "interleaved",
     "pooled",
     "runner_timer",
+    "sequential_compare",
 ]

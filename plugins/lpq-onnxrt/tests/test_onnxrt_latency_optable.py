@@ -14,9 +14,10 @@ import pytest
 
 import lpq
 from lpq.latency import decide as core_decide
+from lpq.latency import timing as core_timing
 from lpq.latency.table import LatencyTable, machine
 from lpq_onnxrt import model_io, range_choice, ranges
-from lpq_onnxrt.latency import blame, signature, timing
+from lpq_onnxrt.latency import blame, signature
 from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
 
 
@@ -129,7 +130,7 @@ class ScriptedTimer:
             return lambda: base * (load.factor() if load is not None else 1.0)
 
         runs = {label: run(model) for label, model in models.items()}
-        return timing.compare(runs, edges=edges, budget_s=200.0)
+        return core_timing.sequential_compare(runs, edges=edges, budget_s=200.0)
 
 
 def _table(digits: dict[str, Any]) -> blame.TableParts:

@@ -2,7 +2,7 @@
 
 The timings here are scripted (no clock): each run of a model takes its cost, the sum of
 its ops' fp32 or int8 costs, times the machine's load at that moment and some noise. The
-statistics (:func:`lpq_onnxrt.latency.timing.compare`: interleaved rounds, median of the
+statistics (:func:`lpq.latency.timing.sequential_compare`: interleaved rounds, median of the
 per-round ratios, stopped once the answer is clear) are the real ones.
 """
 
@@ -18,6 +18,7 @@ import pytest
 
 import lpq
 from lpq.latency import decide as core_decide
+from lpq.latency import timing as core_timing
 from lpq_onnxrt import model_io, range_choice, ranges
 from lpq_onnxrt.latency import timing
 from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
@@ -100,7 +101,7 @@ class LoadedTimer:
 
             return once
 
-        result = timing.compare(
+        result = core_timing.sequential_compare(
             {label: run(model) for label, model in models.items()}, edges=edges, budget_s=200.0
         )
         self.rounds.append(counted["runs"] // len(models))
@@ -171,7 +172,7 @@ class PercentileTimer(LoadedTimer):
             for label in models:
                 runs[label].append(base[label] * self.load.factor())
                 spent += runs[label][-1]
-        return {label: timing.quantile(values, 0.2) for label, values in runs.items()}
+        return {label: core_timing.quantile(values, 0.2) for label, values in runs.items()}
 
 
 LOADS = [(seed, (1.5, 2.0, 3.0)[seed % 3]) for seed in range(10, 20)]
@@ -206,10 +207,10 @@ def test_a_clear_comparison_stops_early_and_a_close_one_measures_longer():
     counted: dict[str, int] = {}
     for label, ratio in (("clear", 0.5), ("close", 0.96)):
         load = Load(seed=5, peak=4.0, noise=0.1, spikes=0.0)
-        seconds = timing.compare(runs(ratio, load), edges=(0.97,), budget_s=100.0)
+        seconds = core_timing.sequential_compare(runs(ratio, load), edges=(0.97,), budget_s=100.0)
         counted[label] = load.runs // 2
         assert seconds["candidate"] / seconds["current"] == pytest.approx(ratio, rel=0.1)
-    assert counted["clear"] == timing.MIN_ROUNDS
+    assert counted["clear"] == core_timing.MIN_ROUNDS
     assert counted["close"] > 10 * counted["clear"]
 
 
@@ -228,7 +229,7 @@ def test_paired_ratios_hold_where_per_model_percentiles_do_not():
 
         return once
 
-    result = timing.compare(
+    result = core_timing.sequential_compare(
         {"current": run(1.0), "candidate": run(0.9)}, edges=(0.97,), budget_s=1e9, min_rounds=40
     )
     assert result["candidate"] / result["current"] == pytest.approx(0.9, rel=0.02)
@@ -243,6 +244,6 @@ def test_the_ort_timer_reuses_the_current_models_session(lpq_sample_model):
     other = [model_io.copy_model(model) for _ in range(3)]
     for candidate in other:
         times = timer({"current": model, "candidate": candidate}, feed, (0.97,))
-        assert set(times) == {"current", "candidate", timing.HIGH}
+        assert set(times) == {"current", "candidate", core_timing.HIGH}
         assert min(times.values()) > 0
     assert timer.sessions_made == 1 + len(other)

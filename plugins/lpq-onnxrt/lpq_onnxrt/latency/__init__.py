@@ -43,7 +43,8 @@ requested plan, so a tuning run and a later ``lpq quantize`` of the same model p
 Modules, by job: :mod:`.aware` (whether it runs; the measuring feed, the cache, then the
 search, for one model), :mod:`.backend` (core's search answered for ORT: building,
 timing, blame, table, fidelity; the rules; the decision in lpq-onnxrt's words),
-:mod:`.timing` (interleaved measurement, and the comparer core's search times with),
+:mod:`.timing` (ORT sessions timed through core's sequential statistic,
+:func:`lpq.latency.timing.sequential_compare`, and the comparer core's search times with),
 :mod:`.blame` (per-node profiles: which ops int8 makes slower, and the op latency table
 they fill), :mod:`.signature` (an op's table key), :mod:`.fidelity` (output error
 against fp32) and :mod:`.cache` (decisions on disk, and decisions derived from a larger
