@@ -227,7 +227,8 @@ def test_noise_is_small_for_steady_and_large_for_erratic_pairs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(True, True), (False, False), ("on", True), ("off", False), (0, False)]
+    ("value", "expected"),
+    [(True, True), (False, False), ("on", True), ("off", False), (0, False), (None, False)],
 )
 def test_the_latency_aware_option(value: Any, expected: bool) -> None:
     assert enabled({"latency_aware": value}) is expected
@@ -236,6 +237,8 @@ def test_the_latency_aware_option(value: Any, expected: bool) -> None:
 def test_a_bad_latency_aware_value_is_a_config_error() -> None:
     with pytest.raises(lpq.ConfigError, match="latency_aware"):
         enabled({"latency_aware": "sometimes"})
+    with pytest.raises(lpq.ConfigError, match="latency_aware"):
+        enabled({"latency_aware": 2})  # not a guess at its truth
     assert enabled({}) is False
 
 

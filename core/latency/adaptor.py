@@ -17,8 +17,15 @@ from .decision import Decision
 
 def enabled(options: Mapping[str, Any]) -> bool:
     """The ``latency_aware`` option: true/false (also "on"/"off", "yes"/"no", 1/0);
-    absent: off (``lpq.quantize`` turns it on for adaptors that declare the recipe)."""
-    value = options.get("latency_aware", False)
+    absent or None (a YAML ``latency_aware:`` left empty, ``PostTrainingQuantConfig``'s
+    "not chosen"): off. Off by default because a tuning trial must get the ops its
+    tune_cfg asks for; ``lpq.quantize`` turns it on for adaptors that declare the recipe
+    (and lpq-onnxrt's ``onnxrt-cpu`` backend profile sets it). Anything else is a
+    :class:`~lpq.ConfigError` rather than a guess: every adaptor reads the option here,
+    so one value means the same with each."""
+    value = options.get("latency_aware")
+    if value is None:
+        return False
     if isinstance(value, str):
         lowered = value.strip().lower()
         if lowered in ("on", "true", "yes", "1", "auto"):

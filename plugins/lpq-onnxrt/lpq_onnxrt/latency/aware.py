@@ -23,9 +23,13 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import lpq
 from lpq import ConfigError, OpConfig, TuneConfig
 from lpq.latency import decide
+
+# The ``latency_aware`` option is read as every adaptor reads it (core's; its own reading
+# here differed only where core raised: None was off, any other non-string its truth).
+# Imported under this module's name: the static plan calls ``aware.enabled``.
+from lpq.latency import enabled as enabled
 
 from .. import graph, model_io, ranges
 from . import backend, blame, cache, signature, timing
@@ -34,22 +38,6 @@ if TYPE_CHECKING:
     import onnx
 
 log = logging.getLogger(__name__)
-
-
-def enabled(options: Mapping[str, Any]) -> bool:
-    """The ``latency_aware`` option (default off: a tuning trial must get the ops its
-    tune_cfg asks for; ``lpq quantize`` and the ``onnxrt-cpu`` backend profile turn it on)."""
-    value = options.get("latency_aware", False)
-    if isinstance(value, str):
-        value = value.strip().lower()
-        if value in ("off", "false", "no", "0"):
-            return False
-        if value in ("on", "true", "yes", "1", "auto"):
-            return True
-        raise lpq.ConfigError(
-            f"latency_aware must be true or false, not {value!r}", hint="use true or false"
-        )
-    return bool(value)
 
 
 def latency_batch_size(options: Mapping[str, Any]) -> int | None:
