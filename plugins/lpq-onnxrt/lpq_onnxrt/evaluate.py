@@ -22,9 +22,12 @@ if TYPE_CHECKING:
     import onnx
     import onnxruntime
 
-#: A decoder's latency is the median of this many generation steps (one token, batch 1,
+#: A decoder's latency is timed on this many generation steps (one token, batch 1,
 #: after a cache as long as its evaluation windows; ``DECODE_PAST`` without windows).
-DECODE_STEPS = 16
+#: 16 steps (~130 ms of SmolLM2 int4/int8 decoding) let load on 2 shared cores pick the
+#: tuner's answer: goal-meeting mixes that differ by a few int8 MatMuls read 5.8 to 10.2
+#: ms in one run, the narrower mix slower; 64 steps cost ~0.5-1.3 s a timing.
+DECODE_STEPS = 64
 DECODE_PAST = 128
 
 
