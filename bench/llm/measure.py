@@ -171,11 +171,12 @@ def size_mb(path: Path) -> float:
 
 def run_measured(
     cmd: list[str], log: Path, env: dict[str, str] | None = None
-) -> tuple[int, float, float]:
-    """Run ``cmd`` as a child; return (exit code, wall s, the child's peak RSS in MB).
+) -> tuple[int, float, float, float]:
+    """Run ``cmd`` as a child; return (exit code, wall s, the child's peak RSS in MB, its
+    CPU s: user + system).
 
-    ``os.wait4`` gives the rusage of exactly this child (RUSAGE_CHILDREN would be the
-    maximum over every child this process ever waited for).
+    ``os.wait4`` gives the rusage of exactly this child and the descendants it waited for
+    (RUSAGE_CHILDREN would be the maximum over every child this process ever waited for).
     """
     with log.open("w") as sink:
         began = time.perf_counter()
@@ -183,7 +184,8 @@ def run_measured(
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - began
     child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, wall, usage.ru_maxrss / 1024  # Linux: KiB
+    cpu = usage.ru_utime + usage.ru_stime
+    return child.returncode, wall, usage.ru_maxrss / 1024, cpu  # Linux: KiB
 
 
 def own_peak_mb() -> float:

@@ -123,8 +123,12 @@ def build_all(
             "--out",
             str(out),
         ]
-        code, wall, peak = measure.run_measured(cmd, out / "build.log")
-        row: dict[str, Any] = {"quant_wall_s": round(wall, 1), "quant_peak_mb": round(peak)}
+        code, wall, peak, cpu = measure.run_measured(cmd, out / "build.log")
+        row: dict[str, Any] = {
+            "quant_wall_s": round(wall, 1),
+            "quant_cpu_s": round(cpu, 1),
+            "quant_peak_mb": round(peak),
+        }
         if code == 0 and (out / "built.json").exists():
             row.update(json.loads((out / "built.json").read_text()))
         else:
