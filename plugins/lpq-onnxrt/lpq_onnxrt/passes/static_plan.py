@@ -301,7 +301,9 @@ def _resolve_ranges(
     base = candidates.prepared.model
     dynamic_ops = frozenset(result.dynamic_ops)
     narrowable = None
-    if len(plan) <= range_choice.NARROW_MAX_OPS:
+    stats = candidates.stats
+    values = sum(stats.count(name) for name in stats.tensor_names())
+    if range_choice.narrowing_pays(len(plan), values):
         outputs = {output.name for output in base.graph.output}
         available = set(candidates.stats.tensor_names())
         narrowable = [
