@@ -153,7 +153,7 @@ def evaluate(
         # Timed only (the tuner's latency pass): the first window gives the cache length
         # and nothing is scored. The tuner's latency data repeats the calibration batches
         # until enough time was *timed* (up to 202 of them), and no prefill is timed here:
-        # running them all cost a whole-window forward each, ~3 min per timing of SmolLM2.
+        # running them all cost a whole-window forward each, ~150 s per timing of SmolLM2.
         if next(batches(), None) is None:
             raise DataError(
                 "the evaluation dataloader yielded no batches", hint="pass non-empty data"
