@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 
 def _mlp(width: int) -> Any:
@@ -79,3 +80,30 @@ def test_a_small_model_runs_its_batch_in_chunks_with_the_same_statistics(monkeyp
                 whole.compute_range(name, algorithm, symmetric=False)
             )
         assert chunked.count(name) == whole.count(name)
+
+
+def test_calibration_sessions_do_not_spin_and_the_callers_options_are_untouched(monkeypatch):
+    import onnxruntime as ort
+
+    from lpq_onnxrt.calibration import collect as calibration
+    from lpq_onnxrt.calibration import collect_statistics
+
+    given = ort.SessionOptions()
+    given.intra_op_num_threads = 1
+    made: list[Any] = []
+    original = calibration._unoptimized_copy
+
+    def remember(options: Any) -> Any:
+        made.append(original(options))
+        return made[-1]
+
+    monkeypatch.setattr(calibration, "_unoptimized_copy", remember)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
+    collect_statistics(_mlp(16), ["h"], [{"x": x}], session_options=given)
+    (options,) = made
+    assert options.get_session_config_entry(calibration.SPINNING) == "0"
+    assert options.intra_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with pytest.raises(RuntimeError):  # ORT's "does not have configuration with key"
+        given.get_session_config_entry(calibration.SPINNING)
+    assert given.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL
