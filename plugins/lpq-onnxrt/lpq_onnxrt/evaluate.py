@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lpq import DataError, EvalResult, LatencyMeasurer, Metric, evaluate_batches
+from lpq import DataError, EvalResult, LatencyMeasurer, Metric, ModelError, evaluate_batches
 
 from . import llm_io, model_io
 from .data import input_specs, iter_batches
 from .latency.timing import measuring_options
 from .qmodel import QuantizedModel
-from .session import build_session_options, create_session, providers
+from .session import create_session
 
 if TYPE_CHECKING:
     import onnx
@@ -71,7 +71,6 @@ def _from_file(
     normalisation is tried on the graph alone: when it leaves it unchanged, ORT opens
     the file (and its external data) itself."""
     import onnx
-    import onnxruntime as ort
 
     if not path.is_file():
         return None
@@ -88,10 +87,8 @@ def _from_file(
         if fixed != graph:
             return None
     try:
-        session = ort.InferenceSession(
-            str(path), build_session_options(options), providers=providers(options)
-        )
-    except Exception:  # create_session raises the error the user sees
+        session = create_session(path, options)
+    except ModelError:  # the proto path below raises the error the user sees
         return None
     return session, graph
 

@@ -91,7 +91,7 @@ def providers(options: Mapping[str, Any] | None = None) -> list[str]:
 
 
 def create_session(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | str | os.PathLike[str],
     options: Mapping[str, Any] | None = None,
     *,
     session_options: onnxruntime.SessionOptions | None = None,
@@ -99,14 +99,17 @@ def create_session(
 ) -> onnxruntime.InferenceSession:
     """The one place lpq creates an InferenceSession (evaluation, calibration, inspection,
     latency measurement). ``session_options`` replaces the ones built from ``options``;
-    models over the protobuf limit go through a temporary file with external data.
-    ModelError when ORT cannot load the model."""
+    models over the protobuf limit go through a temporary file with external data; a path
+    is opened by ORT itself (with its external data, the model held once). ModelError when
+    ORT cannot load the model."""
     import onnx
     import onnxruntime as ort
 
     opts = session_options if session_options is not None else build_session_options(options)
     prov = providers(options)
     try:
+        if isinstance(model, str | os.PathLike):
+            return ort.InferenceSession(os.fspath(model), opts, providers=prov)
         if model.ByteSize() < PROTO_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), opts, providers=prov)
         with tempfile.TemporaryDirectory(prefix="lpq-onnxrt-") as tmp:
