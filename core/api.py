@@ -252,25 +252,13 @@ def fit(
             hint=f"`lpq capability show {framework}` lists the op types it can quantize",
         )
 
-    # Evaluation: labels from the data, or the fp32 model's outputs as reference.
     metric: Metric | None = None
     metric_note = ""
     if eval_func is None:
         assert evaluation_data is not None
-        first = next(iter(evaluation_data), None)
-        if first is None:
-            raise ConfigError("the evaluation dataloader is empty", hint="pass non-empty data")
-        has_labels = split_batch(first)[1] is not None
-        if not has_labels:
-            logger.info("recording the fp32 model's outputs (the evaluation data has no labels)")
-            recorder = OutputRecorder()
-            with reading("evaluation", evaluation_data) as data:
-                pm.evaluate(framework, model, data, [recorder], iteration=eval_iterations)
-            evaluation_data = ReferenceLoader(evaluation_data, recorder.outputs)
-            if eval_metric is None and recorder.outputs:
-                eval_metric, metric_note = label_free_metric(recorder.outputs[0])
-                logger.info("no labels: scoring %r; %s", eval_metric, metric_note)
-        metric = _resolve_metric(pm, eval_metric, has_labels)
+        metric, evaluation_data, metric_note = _scoring(
+            pm, framework, model, evaluation_data, eval_metric, eval_iterations
+        )
     higher_is_better = conf.accuracy_criterion.higher_is_better
     if higher_is_better is None:
         higher_is_better = metric.higher_is_better if metric is not None else True
@@ -301,34 +289,17 @@ def fit(
         logger.info(
             "fp32 baseline: %s = %.4f", metric.name if metric else "accuracy", baseline.accuracy
         )
-        key = run_key(
-            {
-                "framework": framework,
-                # the CPU's int8 ISA decides formats (and LPQ_CPU_FLAGS can change it)
-                "cpu_isa": cpu_features().isa,
-                "model": model_fingerprint(model, space.ops),
-                # In-memory models have no file to hash: a retrained model with the same
-                # ops almost always scores differently, so the baseline tells them apart.
-                "baseline": repr(baseline.accuracy),
-                "config": conf.search_json(),
-                "calib": data_fingerprint(calib),
-                "eval": data_fingerprint(evaluation_data) if eval_func is None else "eval_func",
-                "metric": metric.name if metric else None,
-            }
-        )
-        history = TuningHistory(
+        history = _open_history(
             workspace,
-            key,
-            {
-                "framework": framework,
-                "model": str(model) if isinstance(model, str | Path) else type(model).__qualname__,
-                "config": conf.to_json(),
-                "metric": metric.name if metric else "eval_func",
-                "backend_ruled_out": _ruled_out_json(space),
-            },
+            framework,
+            model,
+            conf,
+            space,
+            baseline,
+            calib=data_fingerprint(calib),
+            evaluation=data_fingerprint(evaluation_data) if eval_func is None else "eval_func",
+            metric=metric,
         )
-        history.baseline = baseline
-        history.write()
         runner.cache_dir = history.folder / "cache"
         run_cache().attach(runner.cache_dir)  # what the baseline and capability query made
         executor.start(runner)
@@ -353,6 +324,80 @@ def fit(
     result.latency_batch_size = _first_batch_size(evaluation.latency_dataloader)
     result.ruled_out = _ruled_out_json(space)
     return result
+
+
+def _scoring(
+    pm: Any,
+    framework: str,
+    model: Any,
+    evaluation_data: Any,
+    eval_metric: str | Metric | None,
+    eval_iterations: int | None,
+) -> tuple[Metric, Any, str]:
+    """The metric trials are scored with, the data they are scored on and a note on how
+    the metric was picked. Labels come from the data; without them, the fp32 model's
+    outputs are recorded once and become the reference (and the metric, when none was
+    named, is picked from their shape)."""
+    first = next(iter(evaluation_data), None)
+    if first is None:
+        raise ConfigError("the evaluation dataloader is empty", hint="pass non-empty data")
+    has_labels = split_batch(first)[1] is not None
+    note = ""
+    if not has_labels:
+        logger.info("recording the fp32 model's outputs (the evaluation data has no labels)")
+        recorder = OutputRecorder()
+        with reading("evaluation", evaluation_data) as data:
+            pm.evaluate(framework, model, data, [recorder], iteration=eval_iterations)
+        evaluation_data = ReferenceLoader(evaluation_data, recorder.outputs)
+        if eval_metric is None and recorder.outputs:
+            eval_metric, note = label_free_metric(recorder.outputs[0])
+            logger.info("no labels: scoring %r; %s", eval_metric, note)
+    return _resolve_metric(pm, eval_metric, has_labels), evaluation_data, note
+
+
+def _open_history(
+    workspace: str | Path,
+    framework: str,
+    model: Any,
+    conf: PostTrainingQuantConfig,
+    space: TuningSpace,
+    baseline: Any,
+    *,
+    calib: Any,
+    evaluation: Any,
+    metric: Metric | None,
+) -> TuningHistory:
+    """The run's history, keyed by everything that decides its trials' outcomes (a re-run
+    with the same key resumes), with the fp32 baseline written."""
+    key = run_key(
+        {
+            "framework": framework,
+            # the CPU's int8 ISA decides formats (and LPQ_CPU_FLAGS can change it)
+            "cpu_isa": cpu_features().isa,
+            "model": model_fingerprint(model, space.ops),
+            # In-memory models have no file to hash: a retrained model with the same
+            # ops almost always scores differently, so the baseline tells them apart.
+            "baseline": repr(baseline.accuracy),
+            "config": conf.search_json(),
+            "calib": calib,
+            "eval": evaluation,
+            "metric": metric.name if metric else None,
+        }
+    )
+    history = TuningHistory(
+        workspace,
+        key,
+        {
+            "framework": framework,
+            "model": str(model) if isinstance(model, str | Path) else type(model).__qualname__,
+            "config": conf.to_json(),
+            "metric": metric.name if metric else "eval_func",
+            "backend_ruled_out": _ruled_out_json(space),
+        },
+    )
+    history.baseline = baseline
+    history.write()
+    return history
 
 
 def _latency_aware_first(space: TuningSpace, *, searchable: bool) -> None:
