@@ -186,3 +186,43 @@ def test_a_bad_range_scales_option_is_a_config_error(pm, value):
     cfg = _default_cfg(pm, model, loader).with_options({range_choice.SCALES_OPTION: value})
     with pytest.raises(lpq.ConfigError, match=range_choice.SCALES_OPTION):
         pm.quantize(FW, model, cfg, loader)
+
+
+# Narrowing runs only where ``lpq.ranges.narrowing_pays`` says so: on the calibration
+# statistics' count of activation values.
+
+
+def _quantize_wide(pm: Any) -> Any:
+    x = np.random.default_rng(1).normal(0, 1, (256, 16)).astype(np.float32)
+    loader = lpq.ArrayLoader(x, batch_size=16)
+    model = _wide_model()
+    cap = pm.query_capability(FW, model, loader, {})
+    cfg = lpq.TuneConfig(
+        ops={k: cap.default_op_config(k) for k in cap.opwise},
+        calib_sampling_size=256,
+        options={"latency_aware": False},
+    )
+    return pm.quantize(FW, model, cfg, loader)
+
+
+def test_narrowing_runs_within_the_value_budget_and_not_above(monkeypatch):
+    from lpq_onnxrt.passes import static_plan
+
+    pm = lpq.get_plugin_manager()
+    seen: list[tuple[int, int]] = []
+    original = static_plan.range_choice.narrowing_pays
+
+    def recorded(ops: int, values: int) -> bool:
+        seen.append((ops, values))
+        return bool(original(ops, values))
+
+    monkeypatch.setattr(static_plan.range_choice, "narrowing_pays", recorded)
+    narrowed = _quantize_wide(pm).range_choice
+    # x and y over 256 samples: the values the calibration computed
+    assert seen and seen[-1] == (1, 256 * (16 + 8))
+    assert narrowed["narrowed"] == {"y": narrowed["narrowed"]["y"]}
+    assert narrowed["narrowed_error"] is not None
+    monkeypatch.setattr("lpq.ranges.choice.NARROW_MAX_VALUES", seen[-1][1] - 1)
+    plain = _quantize_wide(pm).range_choice
+    assert plain["narrowed"] == {} and plain["narrowed_error"] is None  # not run
+    assert plain["errors"] == narrowed["errors"]  # the algorithm choice is unchanged

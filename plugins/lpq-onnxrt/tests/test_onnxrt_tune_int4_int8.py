@@ -158,8 +158,12 @@ def tokens(n: int, length: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, V, size=(n, length), dtype=np.int64)
 
 
-def _conf(loss: float, max_trials: int = 12) -> lpq.PostTrainingQuantConfig:
-    weight = {"weight": {"dtype": ["int4", "int8"], "algorithm": ["rtn"], "block_size": [32]}}
+def _conf(
+    loss: float, max_trials: int = 12, blocks: tuple[int, ...] = (32,)
+) -> lpq.PostTrainingQuantConfig:
+    weight = {
+        "weight": {"dtype": ["int4", "int8"], "algorithm": ["rtn"], "block_size": list(blocks)}
+    }
     return lpq.PostTrainingQuantConfig(
         approach="weight_only",
         op_type_dict={"MatMul": weight},
@@ -241,3 +245,35 @@ def test_cli_tune_with_perplexity_finds_the_mix(model_path, tmp_path):
     found = _precisions(lpq.get_plugin_manager().load_model(FW, out))
     assert found.pop(PLANTED) == "int8", found
     assert set(found.values()) == {"int4"}, found
+
+
+def test_a_finer_int4_block_replaces_int8_when_the_space_has_one(model_path, tmp_path):
+    """The same decoder with block sizes 32 and 16 allowed (the capability declares 16,
+    32, 64 and 128): the planted outlier rows sit every 32 rows, so block 32 puts one in
+    each block, block 16 in every other. After widening the MLP to int8 met the goal,
+    the tuner tries the MLP at int4 block 16 instead; that meets it too, smaller, and
+    the narrowing leaves only the planted down_proj at block 16: no int8 at all."""
+    conf = _conf(loss=0.05, blocks=(32, 16))
+    ids = tokens(8, 24, seed=3)
+    result = lpq.fit(
+        str(model_path),
+        conf,
+        calib_dataloader=lpq.ArrayLoader(tokens(8, 24, seed=1), batch_size=4),
+        eval_dataloader=lpq.ArrayLoader(ids, ids, batch_size=4),
+        eval_metric="perplexity",
+        workspace=tmp_path / "ws",
+    )
+    assert result.goal_met, result.verdict
+    stages = [t.stage for t in result.trials]
+    assert any(s.startswith("finer") for s in stages), stages
+    assert result.tune_cfg is not None
+    blocks = {
+        name: (c.precision, c.weight.options.get("block_size") if c.weight else None)
+        for (name, _), c in result.tune_cfg.ops.items()
+        if "/layers." in name
+    }
+    assert blocks.pop(PLANTED) == ("int4", 16), blocks
+    assert set(blocks.values()) == {("int4", 32)}, blocks
+    found = _precisions(result.model)
+    assert set(found.values()) == {"int4"}, found  # what the saved model really runs
+    assert not [s for s in stages if s.startswith("fallback")], stages
