@@ -114,3 +114,20 @@ def _latency_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
         os.environ.pop("LPQ_CACHE_DIR", None)
     else:
         os.environ["LPQ_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def digits_static(lpq_sample_model: Path, calib_loader: lpq.ArrayLoader) -> dict[str, Any]:
+    """What a static build of the digits model needs: the prepared model, its capability,
+    the default plan with the range algorithm resolved (``static_pass`` takes resolved
+    algorithms; quantize resolves ``auto``) and the calibration statistics."""
+    from lpq_onnxrt import model_io, range_choice, ranges
+    from lpq_onnxrt.capability import build_capability, load_spec
+
+    prepared = model_io.prepare(str(lpq_sample_model))
+    cap = build_capability(prepared.model)
+    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
+    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
+    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
+    stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
+    return {"prepared": prepared, "cap": cap, "cfg": cfg, "stats": stats}

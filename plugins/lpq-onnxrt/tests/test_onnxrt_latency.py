@@ -78,19 +78,13 @@ class ScriptedTimer:
 
 
 @pytest.fixture
-def digits_parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
-    from lpq_onnxrt import model_io, ranges
-    from lpq_onnxrt.capability import build_capability, load_spec
+def digits_parts(digits_static: dict[str, Any]) -> dict[str, Any]:
+    from lpq_onnxrt import model_io
     from lpq_onnxrt.fallback import read_float_inputs
     from lpq_onnxrt.passes.static import static_pass
 
-    prepared = model_io.prepare(str(lpq_sample_model))
-    cap = build_capability(prepared.model)
-    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
-    # static_pass takes resolved algorithms (quantize resolves the default, auto).
-    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
-    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
-    stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
+    prepared, cap = digits_static["prepared"], digits_static["cap"]
+    cfg, stats = digits_static["cfg"], digits_static["stats"]
 
     def build(
         fp32_ops: frozenset[str], fmt: str, dynamic_ops: frozenset[str] = frozenset()

@@ -11,22 +11,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import lpq
-
 
 @pytest.fixture
-def parts(lpq_sample_model, calib_loader) -> dict[str, Any]:
-    from lpq_onnxrt import model_io, range_choice, ranges
-    from lpq_onnxrt.capability import build_capability, load_spec
-
-    prepared = model_io.prepare(str(lpq_sample_model))
-    cap = build_capability(prepared.model)
-    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
-    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
-    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
-    stats = ranges.statistics(prepared.model, prepared.key, candidates, calib_loader, 100)
+def parts(digits_static: dict[str, Any]) -> dict[str, Any]:
+    cfg = digits_static["cfg"]
     ops = {n: c for (n, _), c in cfg.ops.items() if c.quantized}
-    return {"model": prepared.model, "cfg": cfg, "stats": stats, "ops": ops}
+    model = digits_static["prepared"].model
+    return {"model": model, "cfg": cfg, "stats": digits_static["stats"], "ops": ops}
 
 
 def _build(parts: dict[str, Any], fmt: str, cache: Any = None, **kw: Any) -> onnx.ModelProto:
