@@ -105,6 +105,10 @@ def test_wider_keeps_algorithm_block_and_scheme_and_finer_is_a_separate_knob():
     assert space.wider(key, OpConfig.fallback()) is None
     assert space.finer(key, _wo("int4", "sym", "gptq", 128)) == _wo("int4", "sym", "gptq", 32)
     assert space.finer(key, _wo("int4", "sym", "gptq", 32)) is None
+    # the nearest block wins, whatever the order of the space's choices
+    blocks = TuningSpace({key: [_wo("int4", "sym", "rtn", b) for b in (32, 128, 16, 64)]}, {})
+    assert blocks.finer(key, _wo("int4", "sym", "rtn", 128)) == _wo("int4", "sym", "rtn", 64)
+    assert blocks.finer(key, _wo("int4", "sym", "rtn", 32)) == _wo("int4", "sym", "rtn", 16)
     # a lone int8 choice that keeps nothing of int4 is still the wider one
     only = TuningSpace({key: [choices[0], _wo("int8", "asym", "gptq", 128)]}, {key: ("fp32",)})
     assert only.wider(key, choices[0]) == _wo("int8", "asym", "gptq", 128)

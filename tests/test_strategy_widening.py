@@ -254,3 +254,116 @@ def test_a_latency_spike_on_an_accurate_mix_does_not_send_the_walk_to_fp32(lpq_p
     assert wide <= {n for n in found if "down_proj" in n or "qkv_proj" in n}, found
     # the answer is narrower than the all-int8 trial the spike hit
     assert result.best.stage.startswith("narrow"), result.best.stage
+
+
+BLOCKS_YAML = WEIGHT_ONLY_YAML.replace("block_size: [32, 128]", "block_size: [32, 16, 128]")
+
+
+class BlockModel(WidthModel):
+    """As :class:`WidthModel`, with int4 at block 16 costing ``fine_share`` of block 32
+    (and block 128 ``coarse_factor`` times it); an int4 op at block 16 saves a little
+    less latency than at 32, still more than an int8 one."""
+
+    def accuracy(self) -> float:
+        source = self.source
+        assert isinstance(source, BlockFake)
+        cost = 0.0
+        for (name, _), cfg in self.tune_cfg.ops.items():
+            block = cfg.weight.options.get("block_size") if cfg.weight is not None else None
+            if cfg.precision == "int4":
+                scale = {16: source.fine_share, 128: source.coarse_factor}.get(block, 1.0)
+                cost += source.cost4.get(name, 0.0) * scale
+            elif cfg.precision == "int8":
+                cost += source.cost8.get(name, 0.0)
+        return source.base_accuracy - cost
+
+    def latency_ms(self) -> float:
+        saved = 0.0
+        for cfg in self.tune_cfg.ops.values():
+            block = cfg.weight.options.get("block_size") if cfg.weight is not None else None
+            if cfg.precision == "int4":
+                saved += 0.65 if block == 16 else 0.7
+            elif cfg.quantized:
+                saved += 0.5
+        return self.source.base_latency_ms * (1 - saved / max(len(self.source.ops), 1))
+
+
+class BlockFake(WidthFake):
+    fine_share = 0.2
+    coarse_factor = 2.0
+
+
+class BlockSizeFake(WeightOnlyFake):
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.capability_file.write_text(BLOCKS_YAML)
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func):
+        if framework != "fake":
+            return None
+        return BlockModel(model, tune_cfg)
+
+
+def fit_blocks(model, workspace: Path, blocks=(32, 16, 128), max_trials: int = 14):
+    conf = lpq.PostTrainingQuantConfig(
+        approach="weight_only",
+        op_type_dict={"MatMul": {"weight": {"algorithm": ["rtn"], "block_size": list(blocks)}}},
+        accuracy_criterion=lpq.AccuracyCriterion(tolerable_loss=0.01),
+        tuning_criterion=lpq.TuningCriterion(
+            max_trials=max_trials, objective="performance", exit_policy="best"
+        ),
+    )
+    return lpq.fit(model, conf, CALIB, eval_dataloader=EVAL, workspace=workspace)
+
+
+def blocks_of(result: lpq.TuningResult) -> dict[str, tuple[str, int | None]]:
+    return {
+        name: (c.precision, c.weight.options.get("block_size") if c.weight else None)
+        for (name, _), c in result.tune_cfg.ops.items()
+    }
+
+
+def block_decoder() -> BlockFake:
+    base = decoder(cost4={"down_proj": 0.003, "gate_proj": 0.0001})
+    return BlockFake([(n, "MatMul") for n, _ in base.ops], base.cost4, base.cost8)
+
+
+def test_a_finer_int4_block_is_tried_instead_of_int8_and_kept_when_it_is_faster(
+    lpq_plugin, tmp_path
+):
+    """down_proj misses the goal in int4 block 32; int8 meets it, and so does int4
+    block 16 (a fifth of the cost), which the fake times faster than int8: the answer
+    keeps down_proj int4 at block 16 and the rest at the default block 32, no int8."""
+    lpq_plugin(BlockSizeFake(tmp_path), name="fake")
+    result = fit_blocks(block_decoder(), tmp_path / "ws")
+    assert result.goal_met, result.verdict
+    stages = [t.stage for t in result.trials]
+    assert any(s.startswith("finer") and s.endswith("instead") for s in stages), stages
+    found = blocks_of(result)
+    assert {v for n, v in found.items() if "down_proj" in n} == {("int4", 16)}, found
+    rest = {v for n, v in found.items() if "down_proj" not in n and "lm_head" not in n}
+    assert rest == {("int4", 32)}, found
+    assert not any(s.startswith("fallback") for s in stages), stages
+
+
+def test_without_finer_blocks_the_widening_walk_is_unchanged(lpq_plugin, tmp_path):
+    """The same model with block 32 only: no "finer" trial, down_proj widened to int8."""
+    lpq_plugin(BlockSizeFake(tmp_path), name="fake")
+    result = fit_blocks(block_decoder(), tmp_path / "ws", blocks=(32,))
+    assert result.goal_met, result.verdict
+    assert not [t.stage for t in result.trials if t.stage.startswith("finer")]
+    found = blocks_of(result)
+    assert {v[0] for n, v in found.items() if "down_proj" in n} == {"int8"}, found
+
+
+def test_a_finer_block_that_misses_the_goal_keeps_the_widened_mix(lpq_plugin, tmp_path):
+    """int4 block 16 still misses the goal (it halves the cost only): int8 stays."""
+    lpq_plugin(BlockSizeFake(tmp_path), name="fake")
+    model = block_decoder()
+    model.fine_share = 0.9
+    result = fit_blocks(model, tmp_path / "ws")
+    assert result.goal_met, result.verdict
+    assert [t for t in result.trials if t.stage.startswith("finer")]
+    found = blocks_of(result)
+    assert {v[0] for n, v in found.items() if "down_proj" in n} == {"int8"}, found

@@ -156,7 +156,8 @@ class TuningSpace:
         ``key`` (same dtype and other options), or ``None``.
 
         A separate, finer knob than :meth:`wider`: a smaller block costs a little size
-        and speed for accuracy within the same bit width."""
+        and speed for accuracy within the same bit width. ``auto``'s widening stage tries
+        it instead of a widening that met the goal (docs/tuning.md, "Widening")."""
         weight = choice.weight
         block = weight.options.get("block_size") if weight is not None else None
         if weight is None or not isinstance(block, int):

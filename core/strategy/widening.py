@@ -12,6 +12,9 @@ then blocks of layers):
 2. **Cumulate**: groups whose widening closed a share of the gap that matters are
    widened together, most helpful first, one trial each, until the goal is met; then
    the rest at once. A step that does not help is backed out.
+2b. **Finer instead** (goal met, one trial): the group whose widening met the goal
+   kept at its width with the next finer block (:meth:`TuningSpace.finer`: int4 block
+   16 instead of int8); taken if it is accurate enough too and better on the objective.
 3. **Narrow back** (goal met): the widened groups are split one level finer, and each
    part narrowed back alone (one batch); those still accurate enough are narrowed
    together, least harmful first, one trial each; the parts that had to stay wide are
@@ -82,6 +85,17 @@ def widen(space: TuningSpace, cfg: TuneConfig, keys: list[OpKey]) -> TuneConfig:
     return cfg.with_ops(changes)
 
 
+def refine(space: TuningSpace, cfg: TuneConfig, keys: list[OpKey]) -> TuneConfig:
+    """``cfg`` with ``keys`` at the next finer block (:meth:`TuningSpace.finer`), same
+    width, where the space has one."""
+    changes = {}
+    for key in keys:
+        finer = space.finer(key, cfg.ops[key])
+        if finer is not None:
+            changes[key] = finer
+    return cfg.with_ops(changes)
+
+
 def narrow(cfg: TuneConfig, keys: list[OpKey], reference: TuneConfig) -> TuneConfig:
     """``cfg`` with ``keys`` back to their choice in ``reference`` (before widening)."""
     return cfg.with_ops({key: reference.ops[key] for key in keys if key in reference.ops})
@@ -102,7 +116,34 @@ class Widening:
     def widen(
         self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
     ) -> Generator[list[Candidate], list[TrialRecord], Widened | None]:
-        """Probe, then cumulate (steps 1-2); ``None`` if no widening helped."""
+        """Probe, then cumulate (steps 1-2), then the finer block instead (step 2b);
+        ``None`` if no widening helped."""
+        found = yield from self._widen(ctx, cfg, record)
+        if found is None or not found[3]:
+            return found
+        return (yield from self._finer_instead(ctx, cfg, found))
+
+    def _finer_instead(
+        self, ctx: TuningContext, cfg: TuneConfig, found: Widened
+    ) -> Generator[list[Candidate], list[TrialRecord], Widened]:
+        """Step 2b, one trial: the group whose widening met the goal (the last one
+        widened) kept at its width in ``cfg`` with the next finer block instead (int4
+        block 16 for int4 block 32 -> int8); groups widened before it stay wide. Taken
+        when it is accurate enough too and better on the objective (measured latency, or
+        size); the narrowing then starts from it."""
+        wide_cfg, wide_record, groups, _ = found
+        label, last = groups[-1]
+        candidate = refine(ctx.space, narrow(wide_cfg, last, cfg), last)
+        if candidate == narrow(wide_cfg, last, cfg):
+            return found  # no finer block in the space
+        tried = yield from one(candidate, f"finer {label} instead")
+        if _accurate(ctx, tried) and ctx.better(tried, wide_record):
+            return candidate, tried, groups, True
+        return found
+
+    def _widen(
+        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
+    ) -> Generator[list[Candidate], list[TrialRecord], Widened | None]:
         keys = widenable(ctx, cfg, record)
         if not keys:
             return None

@@ -210,7 +210,7 @@ def test_planted_int4_sensitive_down_proj_is_widened_to_int8(model_path, tmp_pat
 
 def test_cli_tune_with_perplexity_finds_the_mix(model_path, tmp_path):
     """`lpq tune --metric perplexity` on a weight-only decoder: eval data with labels
-    (the token ids), calibration token windows."""
+    (the token ids), calibration token windows, the capability's block sizes."""
     ids = tokens(8, 24, seed=3)
     np.savez(tmp_path / "eval.npz", input_ids=ids, labels=ids)
     np.savez(tmp_path / "calib.npz", input_ids=tokens(8, 24, seed=1))
@@ -243,8 +243,20 @@ def test_cli_tune_with_perplexity_finds_the_mix(model_path, tmp_path):
     )
     assert code == 0
     found = _precisions(lpq.get_plugin_manager().load_model(FW, out))
-    assert found.pop(PLANTED) == "int8", found
+    # the CLI searches the capability's block sizes (32 first, then 16, 64, 128): the
+    # planted MatMul is int4 at block 16 rather than int8 (see the test above)
     assert set(found.values()) == {"int4"}, found
+    saved = onnx.load(str(out), load_external_data=False)
+    block = {
+        n.name: helper.get_attribute_value(a)
+        for n in saved.graph.node
+        if n.op_type == "MatMulNBits" and "/layers." in n.name
+        for a in n.attribute
+        if a.name == "block_size"
+    }
+    planted = [b for name, b in block.items() if name.startswith(PLANTED.rsplit("/", 1)[0])]
+    assert planted == [16], block
+    assert sorted(set(block.values())) == [16, 32], block
 
 
 def test_a_finer_int4_block_replaces_int8_when_the_space_has_one(model_path, tmp_path):
