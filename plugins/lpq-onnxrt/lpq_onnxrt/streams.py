@@ -20,7 +20,7 @@ for such models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,7 +132,17 @@ def run_chains(
     """Outputs of a model over ``chains`` of ``feeds``, each call after a chain's first fed
     the state outputs (``links``: state input -> output index) of the model's own previous
     call, not the recorded fp32 state."""
-    results: list[list[np.ndarray]] = []
+    return list(iter_chains(run, feeds, links, chains))
+
+
+def iter_chains(
+    run: Runner,
+    feeds: Sequence[Feed],
+    links: Mapping[str, int],
+    chains: Sequence[Sequence[int]],
+) -> Iterator[list[np.ndarray]]:
+    """:func:`run_chains` one call at a time: only the call a chain feeds its state from is
+    held (an output error compares each call's outputs and drops them)."""
     for chain in chains:
         previous: list[np.ndarray] | None = None
         for k in chain:
@@ -141,5 +151,4 @@ def run_chains(
                 for name, index in links.items():
                     feed[name] = previous[index]
             previous = [np.asarray(value) for value in run(feed)]
-            results.append(previous)
-    return results
+            yield previous

@@ -1,0 +1,162 @@
+"""What ``lpq quantize`` costs, kept down without changing a number it decides by: the
+latency search's output error (:func:`lpq_onnxrt.latency.fidelity.output_error`) is the
+pooled relative L2 error over every feed, measured one run at a time, its fp32 reference
+copied out of ORT's buffers; evaluation outputs are copied too; a session's model is
+serialized once."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from lpq_onnxrt import session as session_module
+from lpq_onnxrt.latency import fidelity
+
+
+def _two_outputs(scale: float = 1.0) -> onnx.ModelProto:
+    """y = x W (8 values a sample) and z = sigmoid(x V) (3 values): two float outputs of
+    different size, so their mean error is not one pooled error."""
+    rng = np.random.default_rng(0)
+    weights = {"W": scale * rng.normal(0, 0.5, (6, 8)), "V": rng.normal(0, 0.5, (6, 3))}
+    weights["V"][0] *= scale
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["y"], name="mm_y"),
+            helper.make_node("MatMul", ["x", "V"], ["v"], name="mm_v"),
+            helper.make_node("Sigmoid", ["v"], ["z"], name="sig"),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3]),
+        ],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(count: int = 12) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.normal(0, 1, (4, 6)).astype(np.float32)} for _ in range(count)]
+
+
+def _pooled(reference: onnx.ModelProto, model: onnx.ModelProto, feeds: Any) -> float:
+    """The definition: per output, ||a - b|| / ||a|| over every feed's values
+    concatenated in float64; the mean over outputs."""
+    import onnxruntime as ort
+
+    def outputs(proto: onnx.ModelProto) -> list[np.ndarray]:
+        session = ort.InferenceSession(proto.SerializeToString())
+        runs = [session.run(None, feed) for feed in feeds]
+        return [
+            np.concatenate([run[k].astype(np.float64).ravel() for run in runs])
+            for k in range(len(runs[0]))
+        ]
+
+    per = [
+        np.linalg.norm(a - b) / np.linalg.norm(a)
+        for a, b in zip(outputs(reference), outputs(model), strict=True)
+    ]
+    return float(np.mean(per))
+
+
+def test_output_error_is_the_pooled_relative_error_of_each_output():
+    fp32, other, feeds = _two_outputs(), _two_outputs(1.2), _feeds()
+    error = fidelity.output_error({}, feeds, fp32)
+    assert error(fp32) == 0.0
+    expected = _pooled(fp32, other, feeds)
+    assert expected > 0.01
+    np.testing.assert_allclose(error(other), expected, rtol=1e-12)
+    # Parts: every n-th feed from the k-th.
+    part = fidelity.output_error({}, feeds, fp32, part=(1, 3))(other)
+    np.testing.assert_allclose(part, _pooled(fp32, other, feeds[1::3]), rtol=1e-12)
+
+
+def test_output_error_holds_one_run_of_a_candidate_at_a_time(monkeypatch):
+    """A candidate's outputs are compared run by run and dropped: at most the run being
+    compared is alive when the next one is made (32 batches of MTCNN P-Net's score maps
+    at batch 32 were 0.9 GB held as float64)."""
+    fp32, other, feeds = _two_outputs(), _two_outputs(1.2), _feeds(16)
+    made = session_module.create_session
+    alive: list[weakref.ref[np.ndarray]] = []
+    most = [0]
+
+    class Watched:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run(self, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+            most[0] = max(most[0], sum(ref() is not None for ref in alive))
+            values = self.inner.run(*args, **kwargs)
+            alive.extend(weakref.ref(value) for value in values)
+            return values
+
+    def create(model: Any, *args: Any, **kwargs: Any) -> Any:
+        inner = made(model, *args, **kwargs)
+        return Watched(inner) if model is other else inner
+
+    monkeypatch.setattr(session_module, "create_session", create)
+    error = fidelity.output_error({}, feeds, fp32)
+    error(other)
+    assert len(alive) == 2 * len(feeds)
+    assert most[0] <= 2  # one run's two outputs
+
+
+class _Counting:
+    """A model proto whose ``ByteSize`` and ``SerializeToString`` calls are counted."""
+
+    def __init__(self, proto: onnx.ModelProto) -> None:
+        self.proto, self.graph, self.sizes, self.serialized = proto, proto.graph, 0, 0
+
+    def ByteSize(self) -> int:
+        self.sizes += 1
+        return self.proto.ByteSize()
+
+    def SerializeToString(self) -> bytes:
+        self.serialized += 1
+        return self.proto.SerializeToString()
+
+
+def test_a_session_serializes_its_model_once(monkeypatch):
+    model = _Counting(_two_outputs())
+    session = session_module.create_session(model)  # type: ignore[arg-type]
+    assert (model.sizes, model.serialized) == (0, 1)
+    assert [out.name for out in session.get_outputs()] == ["y", "z"]
+    # Over the limit: through a file with external data, as before.
+    monkeypatch.setattr(session_module, "PROTO_LIMIT", 100)
+    assert session_module.serialized(_two_outputs()) is None
+    from_file = session_module.create_session(_two_outputs())
+    feed = _feeds(1)[0]
+    np.testing.assert_array_equal(from_file.run(None, feed)[0], session.run(None, feed)[0])
+
+
+def test_evaluation_outputs_do_not_hold_ort_buffers():
+    """A metric may keep what the model returned (the fidelity check's fp32 reference):
+    ORT's outputs are views of its buffers, and one kept view keeps the session's whole
+    memory arena alive after the session is gone."""
+    from lpq_onnxrt import evaluate
+
+    seen: list[Any] = []
+
+    class Keep:
+        name, higher_is_better = "keep", True
+
+        def update(self, preds: Any, labels: Any) -> None:
+            seen.append(preds)
+
+        def reset(self) -> None:
+            pass
+
+        def result(self) -> float:
+            return 0.0
+
+    data = [(feed["x"], None) for feed in _feeds(2)]
+    evaluate.evaluate(_two_outputs(), data, None, [Keep()], None, None)
+    arrays = [array for preds in seen for array in preds]
+    assert len(arrays) == 4
+    assert all(array.flags["OWNDATA"] for array in arrays)
