@@ -157,7 +157,7 @@ class TuningSpace:
 
         A separate, finer knob than :meth:`wider`: a smaller block costs a little size
         and speed for accuracy within the same bit width. ``auto``'s widening stage tries
-        it instead of a widening that met the goal (docs/tuning.md, "Widening")."""
+        it on what had to stay wider (docs/tuning.md, "Widening", step 4)."""
         weight = choice.weight
         block = weight.options.get("block_size") if weight is not None else None
         if weight is None or not isinstance(block, int):

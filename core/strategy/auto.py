@@ -12,9 +12,10 @@
    :mod:`lpq.strategy.widening`): groups of ops found from their names (``attn`` /
    ``mlp``, projection kinds, blocks of layers) are widened alone (one batch), then
    together, most helpful first, until the goal is met; then what the goal does not
-   need is narrowed back, group by finer group (the last widened group is first tried
-   at its width with a finer block instead, where the space has one). Only if widening
-   cannot meet the goal do the fallback stages below run, on the widened config.
+   need is narrowed back, group by finer group, and what must stay wide is tried at
+   its first width with a finer block (int4 block 16 instead of int8) where the space
+   has one. Only if widening cannot meet the goal do the fallback stages below run, on
+   the widened config.
 3. One trial falling back the few ops whose inspected error (``lpq_inspect_tensor``, no
    trial spent) stands out: damage concentrated in a handful of ops ends here.
 4. **Op-type-wise**: fall back each op type alone (one batch). A model whose damage

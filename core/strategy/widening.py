@@ -12,13 +12,14 @@ then blocks of layers):
 2. **Cumulate**: groups whose widening closed a share of the gap that matters are
    widened together, most helpful first, one trial each, until the goal is met; then
    the rest at once. A step that does not help is backed out.
-2b. **Finer instead** (goal met, one trial): the group whose widening met the goal
-   kept at its width with the next finer block (:meth:`TuningSpace.finer`: int4 block
-   16 instead of int8); taken if it is accurate enough too and better on the objective.
 3. **Narrow back** (goal met): the widened groups are split one level finer, and each
    part narrowed back alone (one batch); those still accurate enough are narrowed
    together, least harmful first, one trial each; the parts that had to stay wide are
    split again, for ``narrow_levels`` levels.
+4. **Finer** (spaces with a smaller block size): the parts that had to stay wide are
+   put back at their first width with the next finer block (:meth:`TuningSpace.finer`:
+   int4 block 16 instead of int8, smaller and faster), alone (one batch), then
+   together, as in step 3.
 
 On SmolLM2-135M (30 layers of qkv/o/gate/up/down) that is 3 probes (attn, mlp and the
 ops outside the layers), then the MLP's 3 kinds, then halves of the layers. A space
@@ -29,7 +30,7 @@ steer a walk whose every step changes speed in a known direction.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from ..plan.op_groups import Group, split_groups
@@ -116,34 +117,7 @@ class Widening:
     def widen(
         self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
     ) -> Generator[list[Candidate], list[TrialRecord], Widened | None]:
-        """Probe, then cumulate (steps 1-2), then the finer block instead (step 2b);
-        ``None`` if no widening helped."""
-        found = yield from self._widen(ctx, cfg, record)
-        if found is None or not found[3]:
-            return found
-        return (yield from self._finer_instead(ctx, cfg, found))
-
-    def _finer_instead(
-        self, ctx: TuningContext, cfg: TuneConfig, found: Widened
-    ) -> Generator[list[Candidate], list[TrialRecord], Widened]:
-        """Step 2b, one trial: the group whose widening met the goal (the last one
-        widened) kept at its width in ``cfg`` with the next finer block instead (int4
-        block 16 for int4 block 32 -> int8); groups widened before it stay wide. Taken
-        when it is accurate enough too and better on the objective (measured latency, or
-        size); the narrowing then starts from it."""
-        wide_cfg, wide_record, groups, _ = found
-        label, last = groups[-1]
-        candidate = refine(ctx.space, narrow(wide_cfg, last, cfg), last)
-        if candidate == narrow(wide_cfg, last, cfg):
-            return found  # no finer block in the space
-        tried = yield from one(candidate, f"finer {label} instead")
-        if _accurate(ctx, tried) and ctx.better(tried, wide_record):
-            return candidate, tried, groups, True
-        return found
-
-    def _widen(
-        self, ctx: TuningContext, cfg: TuneConfig, record: TrialRecord
-    ) -> Generator[list[Candidate], list[TrialRecord], Widened | None]:
+        """Probe, then cumulate (steps 1-2); ``None`` if no widening helped."""
         keys = widenable(ctx, cfg, record)
         if not keys:
             return None
@@ -200,34 +174,71 @@ class Widening:
         groups: list[Group],
         reference: TuneConfig,
     ) -> Generator[list[Candidate], list[TrialRecord], tuple[TuneConfig, TrialRecord]]:
-        """Step 3: narrow back what the goal does not need; returns the narrowest
-        goal-meeting config found (``cfg`` if none)."""
+        """Steps 3-4: narrow back what the goal does not need, then put what had to stay
+        wide at its first width with a finer block; returns the narrowest goal-meeting
+        config found (``cfg`` if none)."""
         wide = groups
+        stuck: list[Group] = []  # wide groups of one op: nothing to split further
         for level in range(self.narrow_levels):
-            parts = [
-                part
-                for _, members in wide
-                for part in split_groups(members, self.parts if level == 0 else 2)
-            ]
+            parts: list[Group] = []
+            for label, members in wide:
+                split = split_groups(members, self.parts if level == 0 else 2)
+                if split:
+                    parts += split
+                else:
+                    stuck.append((label, members))
+            wide = []
             if not parts:
                 break
-            configs = [narrow(cfg, members, reference) for _, members in parts]
-            records = yield [
-                Candidate(c, f"narrow {label}") for (label, _), c in zip(parts, configs)
-            ]
-            ok = sorted(
-                (i for i, r in enumerate(records) if _accurate(ctx, r)),
-                key=lambda i: -accuracy_gain(ctx, records[i], record),
+            cfg, record, kept = yield from self._take(
+                ctx, cfg, record, parts, "narrow", lambda c, m: narrow(c, m, reference)
             )
-            narrowed: set[int] = set()
-            for step, i in enumerate(ok):
-                if step == 0:
-                    candidate, tried = configs[i], records[i]
-                else:
-                    candidate = narrow(cfg, parts[i][1], reference)
-                    tried = yield from one(candidate, f"narrow {parts[i][0]} too")
-                if _accurate(ctx, tried):
-                    cfg, record = candidate, tried
-                    narrowed.add(i)
-            wide = [part for i, part in enumerate(parts) if i not in narrowed]
+            wide = kept
+        # Step 4: an int4 block 16 costs less than int8 (size, and speed on ORT's kernels)
+        space = ctx.space
+        finer = [
+            (label, members)
+            for label, members in [*stuck, *wide]
+            if refine(space, narrow(cfg, members, reference), members)
+            != narrow(cfg, members, reference)
+        ]
+        if finer:
+            cfg, record, _ = yield from self._take(
+                ctx,
+                cfg,
+                record,
+                finer,
+                "finer",
+                lambda c, m: refine(space, narrow(c, m, reference), m),
+            )
         return cfg, record
+
+    def _take(
+        self,
+        ctx: TuningContext,
+        cfg: TuneConfig,
+        record: TrialRecord,
+        parts: list[Group],
+        verb: str,
+        step: Callable[[TuneConfig, list[OpKey]], TuneConfig],
+    ) -> Generator[list[Candidate], list[TrialRecord], tuple[TuneConfig, TrialRecord, list[Group]]]:
+        """Each part stepped alone (one batch); those still accurate enough are stepped
+        together, least harmful first, one trial each. Returns the config reached, its
+        record and the parts not stepped."""
+        configs = [step(cfg, members) for _, members in parts]
+        records = yield [Candidate(c, f"{verb} {label}") for (label, _), c in zip(parts, configs)]
+        ok = sorted(
+            (i for i, r in enumerate(records) if _accurate(ctx, r)),
+            key=lambda i: -accuracy_gain(ctx, records[i], record),
+        )
+        taken: set[int] = set()
+        for n, i in enumerate(ok):
+            if n == 0:
+                candidate, tried = configs[i], records[i]
+            else:
+                candidate = step(cfg, parts[i][1])
+                tried = yield from one(candidate, f"{verb} {parts[i][0]} too")
+            if _accurate(ctx, tried):
+                cfg, record = candidate, tried
+                taken.add(i)
+        return cfg, record, [part for i, part in enumerate(parts) if i not in taken]

@@ -262,9 +262,10 @@ def test_cli_tune_with_perplexity_finds_the_mix(model_path, tmp_path):
 def test_a_finer_int4_block_replaces_int8_when_the_space_has_one(model_path, tmp_path):
     """The same decoder with block sizes 32 and 16 allowed (the capability declares 16,
     32, 64 and 128): the planted outlier rows sit every 32 rows, so block 32 puts one in
-    each block, block 16 in every other. After widening the MLP to int8 met the goal,
-    the tuner tries the MLP at int4 block 16 instead; that meets it too, smaller, and
-    the narrowing leaves only the planted down_proj at block 16: no int8 at all."""
+    each block, block 16 in every other. Widening the MLP to int8 meets the goal and
+    narrowing puts all of it back to int4 block 32 but the planted down_proj; the tuner
+    then tries that one at int4 block 16 instead of int8: it meets the goal, smaller.
+    No int8 is left."""
     conf = _conf(loss=0.05, blocks=(32, 16))
     ids = tokens(8, 24, seed=3)
     result = lpq.fit(
