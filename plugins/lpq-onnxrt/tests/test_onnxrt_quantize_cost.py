@@ -160,3 +160,46 @@ def test_evaluation_outputs_do_not_hold_ort_buffers():
     arrays = [array for preds in seen for array in preds]
     assert len(arrays) == 4
     assert all(array.flags["OWNDATA"] for array in arrays)
+
+
+def test_large_error_batches_run_in_chunks_with_the_same_error(monkeypatch):
+    """A batch whose inputs pass CHUNK_BYTES runs in pieces (ORT holds every intermediate
+    tensor of a run at once) where the model's inputs and outputs share a symbolic batch
+    axis and nothing in it depends on the whole batch; the error is the same."""
+    made = session_module.create_session
+    shapes: list[tuple[int, ...]] = []
+
+    class Watched:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run(self, names: Any, feed: Any) -> Any:
+            shapes.append(tuple(np.shape(feed["x"])))
+            return self.inner.run(names, feed)
+
+    monkeypatch.setattr(session_module, "create_session", lambda *a, **k: Watched(made(*a, **k)))
+    fp32, other = _two_outputs(), _two_outputs(1.2)
+    for model in (fp32, other):  # "n" in _two_outputs: one symbolic batch axis
+        assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "n"
+    feeds = [{"x": np.concatenate([f["x"] for f in _feeds(3)])}]  # one batch of 12
+    whole = fidelity.output_error({}, feeds, fp32)(other)
+    assert shapes == [(12, 6), (12, 6)]
+    shapes.clear()
+    monkeypatch.setattr(fidelity, "CHUNK_BYTES", 5 * 6 * 4)  # 5 samples a piece
+    chunked = fidelity.output_error({}, feeds, fp32)(other)
+    assert shapes == [(5, 6), (5, 6), (2, 6)] * 2
+    assert chunked == whole
+    # Dynamic quantization's ranges are the whole batch's: such a model runs whole.
+    dynamic = _two_outputs(1.2)
+    dynamic.graph.node.insert(
+        0, helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dq")
+    )
+    shapes.clear()
+    fidelity.output_error({}, feeds, fp32)(dynamic)
+    assert shapes == [(5, 6), (5, 6), (2, 6), (12, 6)]
+    # A fixed batch axis (or none shared): whole batches.
+    fixed = _two_outputs()
+    fixed.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 12
+    shapes.clear()
+    fidelity.output_error({}, feeds, fixed)(other)
+    assert shapes == [(12, 6), (12, 6)]
