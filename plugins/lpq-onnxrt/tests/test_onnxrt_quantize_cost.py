@@ -203,3 +203,35 @@ def test_large_error_batches_run_in_chunks_with_the_same_error(monkeypatch):
     shapes.clear()
     fidelity.output_error({}, feeds, fixed)(other)
     assert shapes == [(12, 6), (12, 6)]
+
+
+def test_the_ort_timer_drops_a_stale_session_before_making_a_new_one(monkeypatch):
+    """The timer keeps the last comparison's two sessions (the current model is compared
+    again and again); the one of a model not compared now is dropped before a new
+    session is made, not after: at most the reused one is alive beside a new one."""
+    from lpq_onnxrt.latency import timing
+
+    made = session_module.create_session
+    alive: list[weakref.ref[Any]] = []
+    most = [0]
+
+    class Session:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.run(*args, **kwargs)
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        most[0] = max(most[0], sum(ref() is not None for ref in alive))
+        session = Session(made(*args, **kwargs))
+        alive.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(session_module, "create_session", create)
+    timer = timing.OrtTimer({}, budget_s=0.001, min_runs=2)
+    current, feed = _two_outputs(), _feeds(1)[0]
+    for scale in (1.1, 1.2, 1.3):
+        timer({"current": current, "candidate": _two_outputs(scale)}, feed, (0.97,))
+    assert timer.sessions_made == 4
+    assert most[0] == 1

@@ -86,6 +86,12 @@ class OrtTimer:
         # With parallel tuning workers: the machine to ourselves, every core (sessions
         # are made inside, so their thread pools get every core too).
         with lpq.exclusive_timing():
+            # The last comparison's sessions of models not compared now (the rejected
+            # candidate) go before any new one is made: ddddocr rec's final comparison
+            # made the fp32 session beside the current model's and the last candidate's
+            # (each about 0.1 GB).
+            wanted = {id(proto) for proto in models.values()}
+            self._kept = {key: kept for key, kept in self._kept.items() if key in wanted}
             sessions: dict[str, Any] = {}
             for label, proto in models.items():
                 kept = self._kept.get(id(proto))
