@@ -162,10 +162,11 @@ def _perplexity(session: Any, windows: np.ndarray, kv_heads: int, head_dim: int)
 
 
 def _tuned(
-    ctx: Any, tolerable: float = 0.05, max_trials: int = 14, objective: str = "performance"
+    ctx: Any, tolerable: float = 0.05, max_trials: int = 20, objective: str = "performance"
 ) -> Path:
-    """``lpq.fit``: int4 or int8 per MatMul (scale search, block 32), objective performance,
-    perplexity within ``tolerable`` (relative) on ``TUNE_WINDOWS`` windows of its own.
+    """``lpq.fit``: int4 or int8 per MatMul (scale search, block 32, 16, 64 or 128),
+    objective performance, perplexity within ``tolerable`` (relative) on
+    ``TUNE_WINDOWS`` windows of its own.
 
     ``exit_policy="best"``: after the first goal-meeting mix, ``auto`` narrows back to
     int4 what the goal does not need (docs/tuning.md, "Widening"); ``first_hit`` would
@@ -191,8 +192,14 @@ def _tuned(
         print(f"lpq-tune-eval {len(scores)}: ppl {ppl:.3f}", flush=True)
         return ppl
 
+    # block 32 first (the default); auto tries block 16 on what must stay int8 (20/22
+    # trials, were 14/16: the narrowing used them all and left none for that step)
     weight = {
-        "weight": {"dtype": ["int4", "int8"], "algorithm": ["scale_search"], "block_size": [32]}
+        "weight": {
+            "dtype": ["int4", "int8"],
+            "algorithm": ["scale_search"],
+            "block_size": [32, 16, 64, 128],
+        }
     }
     conf = lpq.PostTrainingQuantConfig(
         approach="weight_only",
@@ -244,7 +251,7 @@ def _tuned(
 
 def _tuned_2pct(ctx: Any) -> Path:
     """As ``lpq-tuned-5pct`` with a 2% perplexity goal (more int8 needed, more narrowing)."""
-    return _tuned(ctx, tolerable=0.02, max_trials=16)
+    return _tuned(ctx, tolerable=0.02, max_trials=22)
 
 
 def _tuned_size(tolerable: float, max_trials: int) -> Callable[[Any], Path]:
@@ -270,6 +277,13 @@ def variants() -> list[tuple[str, Callable[[Any], Path]]]:
         ("lpq-scale-search", _row("scale_search")),
         ("lpq-rtn-lmhead-int8", _row("rtn", "int8")),
         ("lpq-scale-search-lmhead-fp32", _row("scale_search", "fp32")),
+        # lm_head int4 as the tune_cfg says (lm_head="tuned"): the builder's int4 recipe
+        ("lpq-rtn-lmhead-int4", _row("rtn", "tuned")),
+        ("lpq-scale-search-lmhead-int4", _row("scale_search", "tuned")),
+        # int4 block sizes (the default is 32; the tuned rows search 32, 16, 64 and 128)
+        ("lpq-scale-search-b16", _row("scale_search", block=16)),
+        ("lpq-scale-search-b64", _row("scale_search", block=64)),
+        ("lpq-scale-search-b128", _row("scale_search", block=128)),
         ("lpq-gptq-int8-mlp", _row("gptq", names={_MLP: _int8()})),
         # int4/int8 mixes (issue 27: <= +5% perplexity at >= 2.5x decode). The int8 ops
         # are named in op_name_dict with only a dtype; the type dict leaves dtype out
@@ -285,6 +299,6 @@ def variants() -> list[tuple[str, Callable[[Any], Path]]]:
         ("lpq-mix-int8-b128", _row("scale_search", dtype="int8", block=128)),
         ("lpq-tuned-5pct", _tuned),
         ("lpq-tuned-2pct", _tuned_2pct),
-        ("lpq-tuned-5pct-size", _tuned_size(0.05, 14)),
-        ("lpq-tuned-2pct-size", _tuned_size(0.02, 16)),
+        ("lpq-tuned-5pct-size", _tuned_size(0.05, 20)),
+        ("lpq-tuned-2pct-size", _tuned_size(0.02, 22)),
     ]
