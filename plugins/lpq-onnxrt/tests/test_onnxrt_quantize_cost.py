@@ -235,3 +235,33 @@ def test_the_ort_timer_drops_a_stale_session_before_making_a_new_one(monkeypatch
         timer({"current": current, "candidate": _two_outputs(scale)}, feed, (0.97,))
     assert timer.sessions_made == 4
     assert most[0] == 1
+
+
+def test_the_output_error_runs_in_the_timers_session_when_lent(monkeypatch):
+    """The search asks for the error of the two models it has just timed: with the
+    timer's sessions lent (as latency_decision does), they run there, the same error."""
+    from lpq_onnxrt.latency import timing
+
+    made = session_module.create_session
+    created: list[Any] = []
+
+    def create(model: Any, *args: Any, **kwargs: Any) -> Any:
+        created.append(model)
+        return made(model, *args, **kwargs)
+
+    monkeypatch.setattr(session_module, "create_session", create)
+    fp32, current, candidate, feeds = _two_outputs(), _two_outputs(1.1), _two_outputs(1.2), _feeds()
+    error = fidelity.output_error({}, feeds, fp32)
+    alone = [error(current), error(candidate)]
+    timer = timing.OrtTimer({}, budget_s=0.001, min_runs=2)
+    timer({"current": current, "candidate": candidate}, feeds[0], (0.97,))
+    assert timer.session_for(current) is not None and timer.session_for(fp32) is None
+    error.lend(timer.session_for)
+    created.clear()
+    assert [error(current), error(candidate)] == alone
+    assert created == []  # both ran in the timer's sessions
+    assert error(_two_outputs(1.3)) > 0 and len(created) == 1  # one it has not: a new one
+    error.lend(None)
+    created.clear()
+    error(current)
+    assert len(created) == 1

@@ -109,11 +109,15 @@ def output_error(
     # in chunks (not streams: a chain's state is the whole batch's).
     batched = found is None and _shares_batch_axis(fp32_model)
 
+    lent: list[Callable[[onnx.ModelProto], Any] | None] = [None]
+
     def outputs(model: onnx.ModelProto) -> Iterator[dict[int, np.ndarray]]:
         """Per run, the float outputs compared (by output index), one run at a time:
         a candidate's outputs are never all held (MTCNN P-Net at batch 32: 32 batches of
         its score maps were 0.9 GB as float64)."""
-        session = create_session(model, options)
+        session = lent[0](model) if lent[0] is not None else None
+        if session is None:
+            session = create_session(model, options)
         chunked = batched and not any(node.op_type in _BATCH_WIDE for node in model.graph.node)
 
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -160,7 +164,29 @@ def output_error(
         ]
         return float(np.mean(per)) if per else 0.0
 
-    return error
+    return OutputError(error, lent)
+
+
+class OutputError:
+    """What :func:`output_error` returns: ``error(model)``, a model's output error against
+    fp32. :meth:`lend` hands it a lender of sessions (the latency timer's
+    :meth:`~lpq_onnxrt.latency.timing.OrtTimer.session_for`: the same options): a model
+    the lender has a session for runs there instead of in a new one (the search asks for
+    the error of the two models it has just timed)."""
+
+    def __init__(
+        self,
+        error: Callable[[onnx.ModelProto], float],
+        lent: list[Callable[[onnx.ModelProto], Any] | None],
+    ) -> None:
+        self._error, self._lent = error, lent
+
+    def __call__(self, model: onnx.ModelProto) -> float:
+        return self._error(model)
+
+    def lend(self, sessions: Callable[[onnx.ModelProto], Any] | None) -> None:
+        """Run models in ``sessions(model)`` where it gives one (None: no lender)."""
+        self._lent[0] = sessions
 
 
 def _squares(values: np.ndarray) -> float:

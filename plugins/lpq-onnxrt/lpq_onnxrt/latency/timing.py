@@ -70,6 +70,13 @@ class OrtTimer:
         self._kept: dict[int, tuple[onnx.ModelProto, Any]] = {}
         self.sessions_made = 0
 
+    def session_for(self, model: onnx.ModelProto) -> Any | None:
+        """The kept session of ``model`` (by identity), if the last comparison made one:
+        the output error of a model just timed runs there (see
+        :meth:`lpq_onnxrt.latency.fidelity.OutputError.lend`)."""
+        kept = self._kept.get(id(model))
+        return kept[1] if kept is not None and kept[0] is model else None
+
     def release(self) -> None:
         """Drop the kept sessions (before a profile, and when the search ends)."""
         self._kept = {}
