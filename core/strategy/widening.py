@@ -18,7 +18,7 @@ then blocks of layers):
    split again, for ``narrow_levels`` levels.
 4. **Finer** (spaces with a smaller block size): the parts that had to stay wide are
    put back at their first width with the next finer block (:meth:`TuningSpace.finer`:
-   int4 block 16 instead of int8, smaller and faster), alone (one batch), then
+   int4 block 16 instead of int8: smaller, a little faster), alone (one batch), then
    together, as in step 3.
 
 On SmolLM2-135M (30 layers of qkv/o/gate/up/down) that is 3 probes (attn, mlp and the
@@ -194,7 +194,8 @@ class Widening:
                 ctx, cfg, record, parts, "narrow", lambda c, m: narrow(c, m, reference)
             )
             wide = kept
-        # Step 4: an int4 block 16 costs less than int8 (size, and speed on ORT's kernels)
+        # Step 4: int4 block 16 costs less than int8: 6 bits a weight (fp32 scales) vs 9,
+        # and on ORT's kernels a little time (SmolLM2: 8.0 vs 8.4 ms/token, all of it)
         space = ctx.space
         finer = [
             (label, members)
