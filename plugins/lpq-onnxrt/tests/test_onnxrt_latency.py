@@ -10,22 +10,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from onnxrt_testutil import decide
 
 import lpq
-from lpq.latency import decide as core_decide
 from lpq_onnxrt import range_choice
 from lpq_onnxrt.latency import aware, blame, cache, fidelity, timing
-from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
-
-
-def decide(
-    build: Any, fp32_model: Any, ops: Any, feed: Any, *, margin: float | None = None, **parts: Any
-) -> LatencyDecision:
-    """Core's search (lpq.latency.decide) on lpq-onnxrt's backend, as
-    :func:`lpq_onnxrt.latency.aware.latency_decision` runs it."""
-    backend = OrtBackend(build, fp32_model, ops, feed, **parts)
-    return LatencyDecision.of(core_decide(backend, margin=margin))
-
 
 FW = "onnxrt"
 

@@ -11,59 +11,19 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from onnxrt_testutil import decide, digits_builds
 
-import lpq
-from lpq.latency import decide as core_decide
 from lpq.latency import timing as core_timing
 from lpq.latency.table import LatencyTable, machine
-from lpq_onnxrt import model_io, range_choice, ranges
+from lpq_onnxrt import model_io
 from lpq_onnxrt.latency import blame, signature
-from lpq_onnxrt.latency.backend import LatencyDecision, OrtBackend
-
-
-def decide(
-    build: Any, fp32_model: Any, ops: Any, feed: Any, *, margin: float | None = None, **parts: Any
-) -> LatencyDecision:
-    """Core's search (lpq.latency.decide) on lpq-onnxrt's backend, as
-    :func:`lpq_onnxrt.latency.aware.latency_decision` runs it."""
-    backend = OrtBackend(build, fp32_model, ops, feed, **parts)
-    return LatencyDecision.of(core_decide(backend, margin=margin))
-
 
 FEED = {"input": np.zeros((1, 1, 8, 8), np.float32)}
 
 
 @pytest.fixture(scope="module")
 def digits() -> dict[str, Any]:
-    from lpq_onnxrt.capability import build_capability, load_spec
-    from lpq_onnxrt.examples import digits_example
-    from lpq_onnxrt.fallback import read_float_inputs
-    from lpq_onnxrt.passes.static import static_pass
-
-    files = digits_example()
-    with np.load(files["calib"]) as calib:
-        loader = lpq.ArrayLoader(calib["input"], batch_size=50)
-    prepared = model_io.prepare(str(files["model"]))
-    cap = build_capability(prepared.model)
-    defaults = {k: cap.default_op_config(k) for k in cap.opwise}
-    cfg = lpq.TuneConfig(ops=range_choice.resolved(defaults, "minmax"))
-    candidates = ranges.calibration_candidates(prepared.model, load_spec().quantizable_op_types())
-    stats = ranges.statistics(prepared.model, prepared.key, candidates, loader, 100)
-    built: dict[tuple[frozenset[str], str], onnx.ModelProto] = {}
-
-    def build(
-        fp32_ops: frozenset[str], fmt: str, dynamic_ops: frozenset[str] = frozenset()
-    ) -> onnx.ModelProto:
-        if (fp32_ops, fmt) not in built:
-            ops = {n: c for (n, _), c in cfg.ops.items() if n not in fp32_ops}
-            model = model_io.copy_model(prepared.model)
-            if ops:
-                model, _ = static_pass(model, ops, cfg, stats, fmt)
-            built[fp32_ops, fmt] = read_float_inputs(model, prepared.model, list(fp32_ops))
-        return built[fp32_ops, fmt]
-
-    plan = {name: c for (name, _), c in cfg.ops.items()}
-    return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "plan": plan}
+    return digits_builds()
 
 
 def _int8_ops(model: onnx.ModelProto, names: list[str]) -> set[str]:
