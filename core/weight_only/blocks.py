@@ -10,11 +10,20 @@ one *integer* zero point, which is what ``MatMulNBits`` and torchao's int4 kerne
 Codes are unsigned, ``0 .. 2**bits - 1``, and dequantize as ``(code - zero_point) * scale``.
 
 - symmetric: ``zero_point = 2**(bits-1)`` (8 for 4-bit, 128 for 8-bit, ORT's default when
-  no zero point is given) and ``scale = absmax / (2**(bits-1) - 1)``, so codes use
-  ``1 .. 2**bits - 1`` and no value is clipped (ORT's own symmetric mode maps the largest
-  magnitude to ``-2**(bits-1)``, gaining one level on one side but clipping the other side
-  by up to a full step; lpq keeps the half-step bound and lets the scale search recover
-  the range).
+  no zero point is given).
+
+  * 4-bit: the *signed-extreme* grid, as ONNX Runtime's own symmetric quantizer: the
+    block's value of largest magnitude, sign kept, maps to the most negative code,
+    ``scale = extreme / -2**(bits-1)`` (negative when the extreme is positive), so all 16
+    codes ``0 .. 15`` (``-8 .. 7`` around the zero point) are used and the extreme
+    round-trips exactly. Values on the other side beyond ``7 * |scale|`` are clipped (by
+    less than one step). Against ``absmax / 7`` (15 levels) the step is 7/8 as large:
+    22-26% lower weight error on SmolLM2's matrices at block 32 (docs/weight-only.md).
+  * 8-bit: ``scale = absmax / (2**(bits-1) - 1)`` (codes ``1 .. 255``, no clipping). The
+    signed-extreme grid gains only 1/128 of a step at 8 bits: measured, 1-2% lower
+    weight error on SmolLM2's projections, but its tied lm_head (Q8_0 source, exactly
+    on the absmax/127 grid) fell from 1.0 to 0.986 next-token agreement, so int8 keeps
+    the absmax grid.
 - asymmetric: the block's range ``[min(w, 0), max(w, 0)]`` is split into ``2**bits - 1``
   steps and the zero point is rounded to an integer; including 0 keeps the zero point in
   range, so RTN's error stays within half a step.
@@ -31,6 +40,8 @@ import numpy.typing as npt
 from ..errors import ConfigError, DataError
 
 SUPPORTED_BITS = (4, 8)
+#: Widths whose symmetric grid is the signed-extreme one (see the module docstring).
+SIGNED_EXTREME_BITS = (4,)
 _G = TypeVar("_G", bound=np.generic)
 
 
@@ -38,7 +49,8 @@ _G = TypeVar("_G", bound=np.generic)
 class BlockQuantized:
     """A block-quantized ``(K, N)`` weight.
 
-    ``codes`` (K, N) uint8 in ``0 .. 2**bits - 1``; ``scales`` (n_blocks, N) float32;
+    ``codes`` (K, N) uint8 in ``0 .. 2**bits - 1``; ``scales`` (n_blocks, N) float32,
+    nonzero (negative where the symmetric 4-bit grid's block extreme is positive);
     ``zero_points`` (n_blocks, N) uint8. Row ``b`` of scales/zero points covers inputs
     ``b*block_size .. min((b+1)*block_size, K) - 1``.
     """
@@ -141,14 +153,22 @@ def params_from_range(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
     """Scale and integer zero point for ranges ``[wmin, wmax]`` (any matching shapes).
 
-    Symmetric uses ``max(|wmin|, |wmax|)``; asymmetric widens the range to include 0.
+    Symmetric 4-bit maps the signed extreme (``wmin`` or ``wmax``, whichever has the
+    larger magnitude; ``wmin`` on a tie) to code 0, i.e. ``scale = extreme / -8``, which
+    is negative when the extreme is positive; symmetric 8-bit uses
+    ``max(|wmin|, |wmax|) / 127``. Asymmetric widens the range to include 0 (scale > 0).
     A zero range gets scale 1 so that codes stay finite (every value is then 0 anyway).
     """
     top = qmax(bits)
     if symmetric:
         half = 1 << (bits - 1)
-        absmax = np.maximum(np.abs(wmin), np.abs(wmax)).astype(np.float64)
-        scale = absmax / (half - 1)
+        lo = np.asarray(wmin).astype(np.float64)
+        hi = np.asarray(wmax).astype(np.float64)
+        if bits in SIGNED_EXTREME_BITS:
+            extreme = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+            scale = extreme / -half
+        else:
+            scale = np.maximum(np.abs(lo), np.abs(hi)) / (half - 1)
         zp = np.full(scale.shape, half, dtype=np.uint8)
     else:
         lo = np.minimum(wmin, 0.0).astype(np.float64)
@@ -156,8 +176,7 @@ def params_from_range(
         scale = (hi - lo) / top
         safe = np.where(scale > 0, scale, 1.0)
         zp = np.clip(np.rint(-lo / safe), 0, top).astype(np.uint8)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    return scale, zp
+    return np.where(scale != 0, scale, 1.0).astype(np.float32), zp
 
 
 def quantize_with_params(

@@ -125,7 +125,9 @@ def search_scales(
         num = np.sum(imp * blocks * d, axis=1)
         den = np.sum(imp * d * d, axis=1)
         s_ls = np.where(den > 0, num / np.where(den > 0, den, 1.0), best_s)
-        s_ls = np.where(s_ls > 0, s_ls, best_s).astype(np.float32).astype(np.float64)
+        # Same sign as the chosen scale (the symmetric 4-bit grid's scale is negative
+        # where the block's extreme is positive).
+        s_ls = np.where(s_ls * best_s > 0, s_ls, best_s).astype(np.float32).astype(np.float64)
         _, err = _weighted_error(blocks, imp, s_ls, best_z, top)
         better = err < best_err
         best_s = np.where(better, s_ls, best_s)

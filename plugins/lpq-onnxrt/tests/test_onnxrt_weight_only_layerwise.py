@@ -152,14 +152,23 @@ def test_gather_block_quantized_matches_the_numpy_reference(pm, decoder, kind, b
     ids = _tokens(3, 10, seed=4)
     (rows,) = _outputs(proto, ["emb"], ids)
     table = _table(decoder)
-    # reference: blocks of 32 along the hidden size of each token's row, symmetric RTN
-    blocks = table.reshape(V, -1, 32)
+    # reference: blocks of 32 along the hidden size of each token's row, symmetric RTN:
+    # int4 maps each block's signed extreme to -8 (scale = extreme / -8, negative for a
+    # positive extreme), int8 its absmax to 127
+    blocks = table.reshape(V, -1, 32).astype(np.float64)
     half = 2 ** (bits - 1)
-    scale = np.abs(blocks).max(axis=-1, keepdims=True) / (half - 1)
+    if bits == 4:
+        hi, lo = blocks.max(axis=-1, keepdims=True), blocks.min(axis=-1, keepdims=True)
+        scale = np.where(np.abs(hi) > np.abs(lo), hi, lo) / -half
+    else:
+        scale = np.abs(blocks).max(axis=-1, keepdims=True) / (half - 1)
+    scale = scale.astype(np.float32).astype(np.float64)
     codes = np.clip(np.rint(blocks / scale) + half, 0, 2**bits - 1)
     reference = ((codes - half) * scale).reshape(V, -1)[ids]
     np.testing.assert_allclose(rows, reference, rtol=1e-5, atol=1e-6)
-    assert np.abs(rows - table[ids]).max() <= 0.5 * scale.max() + 1e-6
+    # within half a step, or one step where int4 clips the side opposite the extreme
+    bound = (1.0 if bits == 4 else 0.5) * np.abs(scale).max() + 1e-6
+    assert np.abs(rows - table[ids]).max() <= bound
     report = read_report(proto)["embedding"]
     assert report["kept"] == kind and report["reason"] == f"embedding={kind}"
 

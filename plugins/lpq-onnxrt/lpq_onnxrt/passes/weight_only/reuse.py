@@ -56,7 +56,7 @@ NAMESPACE = "onnxrt-weight-only"
 #: Options that change what an algorithm computes (the rest only steer the pass).
 ALGORITHM_OPTIONS = {"gptq": ("gptq_damp", "gptq_act_order"), "scale_search": ()}
 #: Bumped when a quantizer's output changes for the same inputs (old files are ignored).
-VERSION = 1
+VERSION = 2  # 2: symmetric int4 on the signed-extreme grid
 
 
 def key(
