@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from lpq import ConfigError, ModelError
 
-from .model_io import PROTO_LIMIT
+from .model_io import PROTO_LIMIT, tensor_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -97,9 +97,7 @@ def serialized(model: onnx.ModelProto) -> bytes | None:
     itself (ddddocr rec, 54 MB: 20 ms; 32 sessions of a cold ``lpq quantize``, 0.6 CPU
     s). Only a model whose initializers alone come near the limit (from their shapes, no
     serialization) is measured first, so that none is serialized just to be dropped."""
-    from .passes.static import _value_bytes
-
-    weights = sum(_value_bytes(tensor) for tensor in model.graph.initializer)
+    weights = sum(tensor_bytes(tensor) for tensor in model.graph.initializer)
     if weights >= PROTO_LIMIT // 2 and model.ByteSize() >= PROTO_LIMIT:
         return None
     try:
