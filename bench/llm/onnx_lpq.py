@@ -122,35 +122,6 @@ def _summarize(qmodel: Any, out: Any, quant_s: float, **extra: Any) -> None:
     print("lpq-summary " + json.dumps(summary, default=str), flush=True)
 
 
-def _signed_extreme_grid() -> None:
-    """Experiment, this build process only: lpq's symmetric block grid replaced by ONNX
-    Runtime's (each block's signed extreme -> the lowest code, ``scale = extreme /
-    -2**(bits-1)``: 16 int4 levels, negative scales allowed) instead of lpq's
-    ``absmax / 7`` (15 levels), to measure what that grid is worth to lpq's RTN."""
-    from lpq.weight_only import blocks
-
-    original = blocks.params_from_range
-
-    def params(wmin: Any, wmax: Any, bits: int, symmetric: bool) -> Any:
-        if not symmetric:
-            return original(wmin, wmax, bits, symmetric)
-        half = 1 << (bits - 1)
-        extreme = np.where(np.abs(wmin) > np.abs(wmax), wmin, wmax).astype(np.float64)
-        scale = extreme / -half
-        scale = np.where(scale != 0, scale, 1.0).astype(np.float32)
-        return scale, np.full(scale.shape, half, dtype=np.uint8)
-
-    blocks.params_from_range = params
-
-
-def _grid_row(algorithm: str, lm_head: str = "auto") -> Callable[[Any], Path]:
-    def build(ctx: Any) -> Path:
-        _signed_extreme_grid()
-        return _build(ctx, algorithm, lm_head)
-
-    return build
-
-
 def _row(algorithm: str, lm_head: str = "auto", **kw: Any) -> Callable[[Any], Path]:
     def build(ctx: Any) -> Path:
         return _build(ctx, algorithm, lm_head, **kw)
@@ -309,9 +280,6 @@ def variants() -> list[tuple[str, Callable[[Any], Path]]]:
         # lm_head int4 as the tune_cfg says (lm_head="tuned"): the builder's int4 recipe
         ("lpq-rtn-lmhead-int4", _row("rtn", "tuned")),
         ("lpq-scale-search-lmhead-int4", _row("scale_search", "tuned")),
-        # experiment: RTN on ONNX Runtime's symmetric grid (patched in the build process)
-        ("lpq-rtn-ortgrid", _grid_row("rtn")),
-        ("lpq-rtn-ortgrid-lmhead-int4", _grid_row("rtn", "tuned")),
         # int4 block sizes (the default is 32; the tuned rows search 32, 16, 64 and 128)
         ("lpq-scale-search-b16", _row("scale_search", block=16)),
         ("lpq-scale-search-b64", _row("scale_search", block=64)),

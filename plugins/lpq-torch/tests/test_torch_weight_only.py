@@ -104,6 +104,9 @@ def test_converted_linear_computes_lpq_dequantized_weight(bits: int, symmetric: 
     w = linear.weight.detach().T.numpy()
     block = 32 if bits == 4 else 128
     q = wo.quantize_rtn(w, bits, block, symmetric)
+    if bits == 4 and symmetric:
+        # the signed-extreme grid: blocks whose extreme is positive have negative scales
+        assert (q.scales < 0).any() and (q.scales > 0).any()
     plan = wo_pass.Plan(bits, block, symmetric, "rtn")
     model = torch.nn.Sequential(linear)
     report = wo_pass.WeightOnlyReport()
