@@ -34,7 +34,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from ..plan.op_groups import Group, split_groups
-from ..plan.tune_config import FLOAT_PRECISIONS, OpKey, TuneConfig
+from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TuneConfig
 from ..plan.tuning_space import TuningSpace
 from ..tuning.records import TrialRecord
 from .base import Candidate, TuningContext, accuracy_gain, improves, one
@@ -78,22 +78,24 @@ def widenable(ctx: TuningContext, cfg: TuneConfig, record: TrialRecord) -> list[
 
 def widen(space: TuningSpace, cfg: TuneConfig, keys: list[OpKey]) -> TuneConfig:
     """``cfg`` with ``keys`` one step wider (:meth:`TuningSpace.wider`) where possible."""
-    changes = {}
-    for key in keys:
-        wider = space.wider(key, cfg.ops[key])
-        if wider is not None:
-            changes[key] = wider
-    return cfg.with_ops(changes)
+    return _stepped(space.wider, cfg, keys)
 
 
 def refine(space: TuningSpace, cfg: TuneConfig, keys: list[OpKey]) -> TuneConfig:
     """``cfg`` with ``keys`` at the next finer block (:meth:`TuningSpace.finer`), same
     width, where the space has one."""
+    return _stepped(space.finer, cfg, keys)
+
+
+def _stepped(
+    step: Callable[[OpKey, OpConfig], OpConfig | None], cfg: TuneConfig, keys: list[OpKey]
+) -> TuneConfig:
+    """``cfg`` with each of ``keys`` moved by ``step`` (where it gives a config)."""
     changes = {}
     for key in keys:
-        finer = space.finer(key, cfg.ops[key])
-        if finer is not None:
-            changes[key] = finer
+        moved = step(key, cfg.ops[key])
+        if moved is not None:
+            changes[key] = moved
     return cfg.with_ops(changes)
 
 
