@@ -60,3 +60,28 @@ def digits_builds() -> dict[str, Any]:
 
     plan = {name: c for (name, _), c in cfg.ops.items()}
     return {"prepared": prepared, "ops": list(cap.opwise), "build": build, "plan": plan}
+
+
+def decoder_io(
+    vocab: int, layers: int, kv_heads: int, head_dim: int, *, position_ids: bool = False
+) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """Inputs and outputs of a decoder with a KV cache, named as the genai builder and
+    optimum export them: ``input_ids``, ``attention_mask`` (``position_ids``),
+    ``past_key_values.{i}.key/value`` -> ``logits``, ``present.{i}.key/value``."""
+    from onnx import TensorProto, helper
+
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
+        helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
+    ]
+    if position_ids:
+        inputs.append(helper.make_tensor_value_info("position_ids", i64, ["batch", "seq"]))
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "seq", vocab])]
+    for i in range(layers):
+        for kind in ("key", "value"):
+            shape = ["batch", kv_heads, "past", head_dim]
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, shape))
+            shape = ["batch", kv_heads, "total", head_dim]
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, shape))
+    return inputs, outputs

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from onnxrt_testutil import decoder_io
 
 import lpq
 from lpq.cli import main
@@ -130,24 +131,7 @@ def builder_decoder(seed: int = 0, planted: tuple[int, ...] = (0,)) -> onnx.Mode
     ]
     for n, node in enumerate(nodes):  # the weight-only pass needs every node named
         node.name = node.name or f"/model/{node.op_type}_{n}"
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    inputs = [
-        helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
-        helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "seq", V])]
-    for i in range(LAYERS):
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", f32, ["batch", KVH, "past", HD]
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", f32, ["batch", KVH, "total", HD]
-                )
-            )
+    inputs, outputs = decoder_io(V, LAYERS, KVH, HD)
     graph = helper.make_graph(nodes, "tiny_builder_llama", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
     model.ir_version = 10

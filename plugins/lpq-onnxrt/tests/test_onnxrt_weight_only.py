@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxrt_testutil import decoder_io
 
 import lpq
 from lpq.weight_only import dequantize_matmulnbits
@@ -148,25 +149,7 @@ def tiny_decoder(seed: int = 0, opset: int = 22, outlier: bool = False) -> onnx.
             else:
                 value[:, ::32] *= scale  # gate columns 0 -> silu(0) = 0
             tensor.CopyFrom(_init(name, value))
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    inputs = [
-        helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
-        helper.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
-        helper.make_tensor_value_info("position_ids", i64, ["batch", "seq"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "seq", V])]
-    for i in range(LAYERS):
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", f32, ["batch", KVH, "past", HD]
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", f32, ["batch", KVH, "total", HD]
-                )
-            )
+    inputs, outputs = decoder_io(V, LAYERS, KVH, HD, position_ids=True)
     graph = helper.make_graph(nodes, "tiny_llama", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
