@@ -46,6 +46,15 @@ class HessianAccumulator:
 
     Adaptors call :meth:`add` with each batch of the layer's input as it is produced, so
     no activations are kept: memory is one (K, K) float64 matrix.
+
+    ``first_token_weight`` (see :meth:`add`) weights the first position of each sequence
+    more: a decoder's first token is its *attention sink*, whose key and value every
+    later position reads, but it is one row of hundreds in ``X^T X`` and its input is
+    atypical, so plain GPTQ pushes the q/k/v rounding error into exactly its direction.
+    On SmolLM2-135M (int4 block 32, 8 windows of 256) GPTQ of qkv_proj with equal
+    weights raised the logits' KL to fp32 from RTN's 0.334 to 0.380 (layer 20's sink
+    key error 9x RTN's) although the mean output error was 4x lower; with the first
+    token weighted as its window (256) the KL fell to 0.27.
     """
 
     def __init__(self, k: int) -> None:
@@ -53,16 +62,30 @@ class HessianAccumulator:
             raise ConfigError(f"HessianAccumulator needs a positive input size K, got {k!r}")
         self.k = int(k)
         self.n_samples = 0
+        self._weight = 0.0  # the rows' total weight (n_samples when all weigh 1)
         self._h = np.zeros((self.k, self.k), dtype=np.float64)
 
-    def add(self, x: npt.ArrayLike) -> None:
-        """Add a batch of activations ``(..., K)`` (every leading axis is a sample axis)."""
+    def add(self, x: npt.ArrayLike, first_token_weight: float = 1.0) -> None:
+        """Add a batch of activations ``(..., K)`` (every leading axis is a sample axis).
+
+        For a batch of sequences ``(..., S, K)`` (three axes or more), the rows at
+        sequence position 0 count ``first_token_weight`` times (the attention sink, see
+        the class docstring); ``S`` (the sequence length) makes each first token weigh
+        as much as the rest of its sequence. 2-D batches are plain rows.
+        """
+        weight = float(first_token_weight)
+        if not np.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"first_token_weight must be positive, got {first_token_weight!r}")
         a = np.asarray(x)
         if a.ndim < 1 or a.shape[-1] != self.k:
             raise DataError(
                 f"activations must end in the layer's input size K={self.k}, got {a.shape}",
                 hint="feed the input of the MatMul/Linear being quantized, not its output",
             )
+        per_row = np.ones(a.shape[:-1])
+        if a.ndim >= 3 and weight != 1.0:
+            per_row[..., 0] = weight
+        rows = per_row.reshape(-1)
         a = a.reshape(-1, self.k).astype(np.float64)
         m = a.shape[0]
         if m == 0:
@@ -71,11 +94,12 @@ class HessianAccumulator:
             raise DataError(
                 "activations contain NaN or infinity", hint="check the calibration data"
             )
-        total = self.n_samples + m
-        self._h *= self.n_samples / total
-        a *= np.sqrt(2.0 / total)
+        total = self._weight + float(rows.sum())
+        self._h *= self._weight / total
+        a *= np.sqrt(2.0 * rows / total)[:, None]
         self._h += a.T @ a
-        self.n_samples = total
+        self._weight = total
+        self.n_samples += m
 
     @property
     def hessian(self) -> npt.NDArray[np.float64]:

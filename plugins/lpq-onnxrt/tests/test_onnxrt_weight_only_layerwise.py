@@ -258,3 +258,27 @@ def test_sampled_rows_stay_within_their_limit():
     assert sample.shape == (10, 4)
     assert len(set(sample[:, 0])) >= 3  # rows from several batches, not the last one only
     assert stats.count == 40 and np.allclose(stats.importance(), np.mean(np.arange(5.0) ** 2))
+
+
+def test_gptq_hessian_weighs_the_first_token_of_attention_inputs_only():
+    from lpq_onnxrt.passes.weight_only.activations import Need, TensorStats, add
+    from lpq_onnxrt.passes.weight_only.calibrate import ATTENTION
+
+    x = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+    flat = x.reshape(-1, 3).astype(np.float64)
+    rows = np.ones((2, 4))
+    rows[:, 0] = 4  # each window's first token weighs as its other 3 tokens
+    expected = {
+        True: 2 * (flat * rows.reshape(-1, 1)).T @ flat / rows.sum(),
+        False: 2 * flat.T @ flat / len(flat),
+    }
+    for first in (True, False):
+        need = Need(3, hessian=True, first_token=first)
+        stats = TensorStats.start(need)
+        add(stats, need, x)
+        assert stats.hessian is not None
+        np.testing.assert_allclose(stats.hessian.hessian, expected[first], rtol=1e-6)
+    assert ATTENTION.search("/model/layers.0/attn/qkv_proj/MatMul")
+    assert ATTENTION.search("l0.q_proj") and ATTENTION.search("/model/layers.3/attn/o_proj/MatMul")
+    assert not ATTENTION.search("/model/layers.0/mlp/down_proj/MatMul")
+    assert not ATTENTION.search("l0.up_proj")

@@ -46,6 +46,9 @@ class Need:
     k: int
     hessian: bool = False
     sample_rows: int = 0
+    #: GPTQ's Hessian weighs each sequence's first token as the rest of its sequence
+    #: (attention projections: see :func:`add`)
+    first_token: bool = False
 
 
 @dataclass
@@ -85,10 +88,17 @@ class TensorStats:
 
 
 def add(stats: TensorStats, need: Need, value: np.ndarray) -> None:
-    """Fold one batch's ``value`` of the tensor into ``stats``."""
-    x = np.asarray(value, dtype=np.float32).reshape(-1, stats.k)
+    """Fold one batch's ``value`` of the tensor into ``stats``. With ``need.first_token``,
+    a batch of sequences ``(batch, S, K)`` weighs each sequence's first token (a decoder's
+    attention sink) as the rest of its sequence in GPTQ's Hessian
+    (:class:`lpq.weight_only.HessianAccumulator`)."""
+    raw = np.asarray(value, dtype=np.float32)
+    x = raw.reshape(-1, stats.k)
     if stats.hessian is not None:
-        stats.hessian.add(x)
+        if need.first_token and raw.ndim >= 3 and raw.shape[-2] > 1:
+            stats.hessian.add(raw, first_token_weight=float(raw.shape[-2]))
+        else:
+            stats.hessian.add(x)
     sq = np.einsum("ij,ij->j", x, x, dtype=np.float64)
     stats.sumsq = sq if stats.sumsq is None else stats.sumsq + sq
     stats.count += x.shape[0]
