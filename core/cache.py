@@ -86,14 +86,17 @@ class RunCache:
         *,
         save: Callable[[T, Any], None] | None = None,
         load: Callable[[Any], T] | None = None,
+        memory: bool = True,
     ) -> T:
         """The value for ``key``: from memory, else from disk (``load(file)``), else
         ``compute()`` — then kept in memory and written to disk (``save(value, file)``,
         atomically) when a folder and a save function are given. ``namespace`` separates
-        kinds of values (e.g. ``"onnxrt-calibration"``)."""
+        kinds of values (e.g. ``"onnxrt-calibration"``). ``memory=False`` keeps the value
+        on disk only: for many values (a quantized weight per layer) that would push the
+        few large ones (the prepared model) out of the memory's :data:`MEMORY_ITEMS`."""
         memory_key = f"{namespace}/{key}"
         with self._lock:
-            if memory_key in self._memory:
+            if memory and memory_key in self._memory:
                 self._memory.move_to_end(memory_key)
                 self.hits += 1
                 return self._memory[memory_key]
@@ -113,10 +116,11 @@ class RunCache:
             if path is not None and save is not None:
                 with atomic_write(path, "wb") as handle:
                     save(value, handle)
-        with self._lock:
-            self._memory[memory_key] = value
-            while len(self._memory) > MEMORY_ITEMS:
-                self._memory.popitem(last=False)
+        if memory:
+            with self._lock:
+                self._memory[memory_key] = value
+                while len(self._memory) > MEMORY_ITEMS:
+                    self._memory.popitem(last=False)
         return value
 
     def items(self) -> list[tuple[str, str, Any]]:

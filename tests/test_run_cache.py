@@ -50,6 +50,26 @@ def test_values_survive_in_memory_and_on_disk(tmp_path):
     assert len(computed) == 2, "a corrupt file is recomputed, not trusted"
 
 
+def test_a_disk_only_value_is_read_from_its_file_and_never_held_in_memory(tmp_path):
+    computed = []
+
+    def compute() -> np.ndarray:
+        computed.append(1)
+        return np.full(2, 5.0)
+
+    cache = lpq.RunCache(tmp_path)
+    kwargs = {"save": save_array, "load": load_array, "memory": False}
+    for _ in range(2):
+        assert cache.get_or_compute("weights", "w1", compute, **kwargs).tolist() == [5.0, 5.0]
+    assert len(computed) == 1 and cache.disk_hits == 1 and cache.hits == 0
+    assert cache.items() == []
+    # without a folder there is nowhere to keep it: computed every time
+    bare = lpq.RunCache()
+    bare.get_or_compute("weights", "w1", compute, **kwargs)
+    bare.get_or_compute("weights", "w1", compute, **kwargs)
+    assert len(computed) == 3 and bare.items() == []
+
+
 def test_outside_a_run_the_cache_is_memory_only():
     cache = lpq.run_cache()
     assert cache.folder is None

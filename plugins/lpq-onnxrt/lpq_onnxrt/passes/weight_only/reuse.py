@@ -92,39 +92,25 @@ def quantized(
     compute: Callable[[], BlockQuantized],
 ) -> BlockQuantized:
     """``compute()``, or what it returned for the same inputs earlier in this run."""
-    root = folder()
-    found = key(weight, choice, stats, options) if root is not None else None
-    if root is None or found is None:
+    found = key(weight, choice, stats, options) if folder() is not None else None
+    if found is None:
         return compute()
-    path = root / "weights" / found
-    if path.exists():
-        try:
-            with open(path, "rb") as handle:
-                return _load(handle)
-        except Exception:  # a corrupt or foreign file: compute it again
-            pass
-    value = compute()
-    with atomic_write(path, "wb") as handle:
-        _save(value, handle)
-    return value
+    return lpq.run_cache().get_or_compute(
+        f"{NAMESPACE}/weights", found, compute, save=_save, load=_load, memory=False
+    )
 
 
 def remembered(kind: str, parts: Sequence[Any], compute: Callable[[], T]) -> T:
     """``compute()`` (a JSON value), or what it returned for the same ``parts`` earlier
     in this run (lm_head's int8 measurement: 1.7 s on SmolLM2's 576 x 49152 head)."""
-    root = folder()
-    if root is None:
-        return compute()
-    path = root / kind / lpq.content_key(VERSION, *parts)
-    if path.exists():
-        try:
-            return cast(T, json.loads(path.read_text()))
-        except ValueError:  # a corrupt file: compute it again
-            pass
-    value = compute()
-    with atomic_write(path, "w") as handle:
-        json.dump(value, handle)
-    return value
+    return lpq.run_cache().get_or_compute(
+        f"{NAMESPACE}/{kind}",
+        lpq.content_key(VERSION, *parts),
+        compute,
+        save=lambda value, handle: handle.write(json.dumps(value).encode()),
+        load=lambda handle: cast(T, json.loads(handle.read())),
+        memory=False,
+    )
 
 
 def folder() -> Path | None:
