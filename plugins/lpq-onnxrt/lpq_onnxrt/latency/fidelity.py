@@ -76,7 +76,7 @@ def output_error(
     fp32_model: onnx.ModelProto,
     found: streams.Streams | None = None,
     part: tuple[int, int] = (0, 1),
-) -> Callable[[onnx.ModelProto], float]:
+) -> OutputError:
     """An ``error`` function: a model's relative L2 output error against fp32 over ``feeds``
     (a few calibration batches; float outputs, pooled), for choices that must not cost
     fidelity. One batch is not enough: a stream's first chunk may be silence.
@@ -87,38 +87,92 @@ def output_error(
 
     ``part=(k, n)`` measures on every n-th of those batches or chains from the k-th: n
     disjoint parts, for a choice that must hold on data it was not fitted to."""
-    from ..session import create_session
-    from ..streams import iter_chains
+    return OutputError(options, feeds, fp32_model, found, part)
 
-    options = measuring_options(options)
-    # The fp32 outputs, per run (feed or chain link), per compared float output, in the
-    # dtype ORT returned them (float32: half the memory of float64, converted exactly
-    # when compared); and each output's squared L2 norm over all runs.
-    reference: list[list[tuple[int, np.ndarray]]] = []
-    reference_sq: dict[int, float] = {}
-    if found is None:  # every feed on its own
-        links: Mapping[str, int] = {}
-        chains = [[k] for k in range(len(feeds))]
-        compared = None
-    else:
-        links, chains = found.links, found.select(STREAM_FEEDS)
-        # The state outputs' errors already show in the outputs they feed.
-        compared = set(range(len(fp32_model.graph.output))) - set(links.values()) or None
-    chains = chains[part[0] :: part[1]]
-    # Plain batches of a model whose inputs and outputs share one symbolic batch axis run
-    # in chunks (not streams: a chain's state is the whole batch's).
-    batched = found is None and _shares_batch_axis(fp32_model)
 
-    lent: list[Callable[[onnx.ModelProto], Any] | None] = [None]
+class OutputError:
+    """``error(model)``: a model's output error against fp32 (see :func:`output_error`).
 
-    def outputs(model: onnx.ModelProto) -> Iterator[dict[int, np.ndarray]]:
-        """Per run, the float outputs compared (by output index), one run at a time:
-        a candidate's outputs are never all held (MTCNN P-Net at batch 32: 32 batches of
+    The fp32 outputs are run once, on the first call, and kept per run (feed or chain
+    link) and per compared float output in the dtype ORT returned them (float32: half the
+    memory of float64, converted exactly when compared), with each output's squared L2
+    norm over all runs. :meth:`lend` hands it a lender of sessions (the latency timer's
+    :meth:`~lpq_onnxrt.latency.timing.OrtTimer.session_for`: the same options): a model
+    the lender has a session for runs there instead of in a new one (the search asks for
+    the error of the two models it has just timed)."""
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        fp32_model: onnx.ModelProto,
+        found: streams.Streams | None,
+        part: tuple[int, int],
+    ) -> None:
+        self.options = measuring_options(options)
+        self.feeds, self.fp32_model = feeds, fp32_model
+        self.links: Mapping[str, int] = {}
+        self.compared: set[int] | None = None
+        if found is None:  # every feed on its own
+            chains: Sequence[Sequence[int]] = [[k] for k in range(len(feeds))]
+        else:
+            self.links, chains = found.links, found.select(STREAM_FEEDS)
+            # The state outputs' errors already show in the outputs they feed.
+            outputs = set(range(len(fp32_model.graph.output)))
+            self.compared = outputs - set(self.links.values()) or None
+        self.chains = chains[part[0] :: part[1]]
+        # Plain batches of a model whose inputs and outputs share one symbolic batch axis
+        # run in chunks (not streams: a chain's state is the whole batch's).
+        self.batched = found is None and _shares_batch_axis(fp32_model)
+        self.reference: list[list[tuple[int, np.ndarray]]] = []
+        self.reference_sq: dict[int, float] = {}
+        self.sessions: Callable[[onnx.ModelProto], Any] | None = None
+
+    def lend(self, sessions: Callable[[onnx.ModelProto], Any] | None) -> None:
+        """Run models in ``sessions(model)`` where it gives one (None: no lender)."""
+        self.sessions = sessions
+
+    def __call__(self, model: onnx.ModelProto) -> float:
+        # Mean over outputs of each one's relative error: a large recurrent state must not
+        # drown the one number a VAD or classifier outputs. Each output's error is
+        # ||a - b|| / ||a|| over all runs, its squares summed in float64 run by run.
+        if not self.reference:
+            self._record_reference()
+        diff_sq = dict.fromkeys(self.reference_sq, 0.0)
+        for expected, got in zip(self.reference, self._outputs(model), strict=True):
+            if [index for index, _ in expected] != sorted(got):
+                raise ValueError("the model's float outputs differ from the fp32 model's")
+            for index, value in expected:
+                delta = value.astype(np.float64) - got[index].astype(np.float64)
+                diff_sq[index] += _squares(delta)
+        per = [
+            math.sqrt(diff_sq[index]) / max(math.sqrt(total), 1e-30)
+            for index, total in sorted(self.reference_sq.items())
+        ]
+        return float(np.mean(per)) if per else 0.0
+
+    def _record_reference(self) -> None:
+        for kept in self._outputs(self.fp32_model):
+            # Copied: ORT's outputs are views of its own buffers, and holding them holds
+            # the session's memory arena after the session is gone (MTCNN P-Net at batch
+            # 32: ~0.3 GB).
+            kept = {index: np.array(value, copy=True) for index, value in kept.items()}
+            self.reference.append(list(kept.items()))
+            for index, value in kept.items():
+                wide = value.astype(np.float64)
+                self.reference_sq[index] = self.reference_sq.get(index, 0.0) + _squares(wide)
+
+    def _outputs(self, model: onnx.ModelProto) -> Iterator[dict[int, np.ndarray]]:
+        """Per run, the float outputs compared (by output index), one run at a time: a
+        candidate's outputs are never all held (MTCNN P-Net at batch 32: 32 batches of
         its score maps were 0.9 GB as float64)."""
-        session = lent[0](model) if lent[0] is not None else None
+        from ..session import create_session
+        from ..streams import iter_chains
+
+        session = self.sessions(model) if self.sessions is not None else None
         if session is None:
-            session = create_session(model, options)
-        chunked = batched and not any(node.op_type in _BATCH_WIDE for node in model.graph.node)
+            session = create_session(model, self.options)
+        chunked = self.batched and not any(n.op_type in _BATCH_WIDE for n in model.graph.node)
 
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             pieces = _batch_chunks(feed) if chunked else None
@@ -127,66 +181,15 @@ def output_error(
             runs = [session.run(None, piece) for piece in pieces]
             return [np.concatenate([got[k] for got in runs]) for k in range(len(runs[0]))]
 
-        for values in iter_chains(run, feeds, links, chains):
+        for values in iter_chains(run, self.feeds, self.links, self.chains):
             kept: dict[int, np.ndarray] = {}
             for index, value in enumerate(values):
                 array = np.asarray(value)
-                if compared is not None and index not in compared:
+                if self.compared is not None and index not in self.compared:
                     continue
                 if np.issubdtype(array.dtype, np.floating):
                     kept[index] = array.ravel()
             yield kept
-
-    def error(model: onnx.ModelProto) -> float:
-        # Mean over outputs of each one's relative error: a large recurrent state must not
-        # drown the one number a VAD or classifier outputs. Each output's error is
-        # ||a - b|| / ||a|| over all runs, its squares summed in float64 run by run.
-        if not reference:
-            for kept in outputs(fp32_model):
-                # Copied: ORT's outputs are views of its own buffers, and holding them
-                # holds the session's memory arena after the session is gone (MTCNN
-                # P-Net at batch 32: ~0.3 GB).
-                kept = {index: np.array(value, copy=True) for index, value in kept.items()}
-                reference.append(list(kept.items()))
-                for index, value in kept.items():
-                    wide = value.astype(np.float64)
-                    reference_sq[index] = reference_sq.get(index, 0.0) + _squares(wide)
-        diff_sq = dict.fromkeys(reference_sq, 0.0)
-        for expected, got in zip(reference, outputs(model), strict=True):
-            if [index for index, _ in expected] != sorted(got):
-                raise ValueError("the model's float outputs differ from the fp32 model's")
-            for index, value in expected:
-                delta = value.astype(np.float64) - got[index].astype(np.float64)
-                diff_sq[index] += _squares(delta)
-        per = [
-            math.sqrt(diff_sq[index]) / max(math.sqrt(total), 1e-30)
-            for index, total in sorted(reference_sq.items())
-        ]
-        return float(np.mean(per)) if per else 0.0
-
-    return OutputError(error, lent)
-
-
-class OutputError:
-    """What :func:`output_error` returns: ``error(model)``, a model's output error against
-    fp32. :meth:`lend` hands it a lender of sessions (the latency timer's
-    :meth:`~lpq_onnxrt.latency.timing.OrtTimer.session_for`: the same options): a model
-    the lender has a session for runs there instead of in a new one (the search asks for
-    the error of the two models it has just timed)."""
-
-    def __init__(
-        self,
-        error: Callable[[onnx.ModelProto], float],
-        lent: list[Callable[[onnx.ModelProto], Any] | None],
-    ) -> None:
-        self._error, self._lent = error, lent
-
-    def __call__(self, model: onnx.ModelProto) -> float:
-        return self._error(model)
-
-    def lend(self, sessions: Callable[[onnx.ModelProto], Any] | None) -> None:
-        """Run models in ``sessions(model)`` where it gives one (None: no lender)."""
-        self._lent[0] = sessions
 
 
 def _squares(values: np.ndarray) -> float:
