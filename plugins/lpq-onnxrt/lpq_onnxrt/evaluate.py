@@ -52,7 +52,7 @@ def runnable(
         if opened is not None:
             return opened[0], opened[1], merged
     proto = model_io.to_proto(model)
-    if proto.ir_version > model_io.MAX_IR_VERSION or model_io.opset_of(proto) > model_io.MAX_OPSET:
+    if model_io.newer_than_ort_takes(proto):
         proto = model_io.copy_model(proto)
         model_io.normalize_versions(proto)
     return create_session(proto, merged), proto, merged
@@ -78,7 +78,7 @@ def _from_file(
         graph = onnx.load(str(path), load_external_data=False)
     except Exception:  # model_io.load_file says why, on the path below
         return None
-    if graph.ir_version > model_io.MAX_IR_VERSION or model_io.opset_of(graph) > model_io.MAX_OPSET:
+    if model_io.newer_than_ort_takes(graph):
         fixed = model_io.copy_model(graph)
         try:
             model_io.normalize_versions(fixed)

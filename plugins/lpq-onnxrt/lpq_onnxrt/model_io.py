@@ -142,6 +142,12 @@ def name_nodes(model: onnx.ModelProto) -> int:
     return renamed
 
 
+def newer_than_ort_takes(model: onnx.ModelProto) -> bool:
+    """Whether ``model``'s IR version or default-domain opset is above what
+    :func:`normalize_versions` brings it to."""
+    return model.ir_version > MAX_IR_VERSION or opset_of(model) > MAX_OPSET
+
+
 def normalize_versions(model: onnx.ModelProto) -> None:
     """Make the IR version and opset ones ORT accepts, converting only what it must.
 
