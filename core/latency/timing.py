@@ -90,12 +90,9 @@ class Timing:
         """Relative uncertainty of :meth:`ratio`: twice the standard error of the median
         of the paired log ratios (robust: from their median absolute deviation), at least
         :data:`NOISE_FLOOR`."""
-        logs = self._log_ratios(label, base)
-        if len(logs) < 3:
+        if self.rounds < 3:
             return 1.0
-        center = statistics.median(logs)
-        mad = statistics.median(abs(x - center) for x in logs)
-        standard_error = 1.2533 * 1.4826 * mad / math.sqrt(len(logs))
+        _, standard_error = _log_ratio(self.samples[label], self.samples[base])
         return max(NOISE_FLOOR, math.expm1(2.0 * standard_error))
 
     def comparison(self, label: str, base: str) -> Comparison:
