@@ -199,12 +199,11 @@ class Widening:
         # Step 4: int4 block 16 costs less than int8: 6 bits a weight (fp32 scales) vs 9,
         # and on ORT's kernels a little time (SmolLM2: 8.0 vs 8.4 ms/token, all of it)
         space = ctx.space
-        finer = [
-            (label, members)
-            for label, members in [*stuck, *wide]
-            if refine(space, narrow(cfg, members, reference), members)
-            != narrow(cfg, members, reference)
-        ]
+        finer = []
+        for label, members in [*stuck, *wide]:
+            narrowed = narrow(cfg, members, reference)
+            if refine(space, narrowed, members) != narrowed:
+                finer.append((label, members))
         if finer:
             cfg, record, _ = yield from self._take(
                 ctx,
