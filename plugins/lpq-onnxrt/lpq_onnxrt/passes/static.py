@@ -18,7 +18,7 @@ import numpy as np
 
 from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 
-from .. import graph, model_io, range_choice, ranges
+from .. import graph, model_io, range_choice, ranges, weights
 from .quantizer import (
     WeightCache,
     fast_rewiring,
@@ -240,20 +240,11 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` for shape inference only: large float initializers become typed
     graph inputs (no data copied); integer and small initializers keep their values (they
     compute shapes: Reshape targets, Resize scales)."""
-    import onnx
     from onnx import TensorProto, helper
 
     source = model.graph
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
+    light = weights.shell(model)
     graph = light.graph
-    graph.name = source.name
-    graph.node.extend(source.node)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
     listed = {given.name for given in source.input}
     for init in source.initializer:
         integer = init.data_type in (TensorProto.INT64, TensorProto.INT32)
