@@ -489,18 +489,3 @@ def quantized_tensors(model: onnx.ModelProto) -> set[str]:
                 touched.update(node.output)
                 grown = True
     return touched
-
-
-def tensor_bytes(tensor: onnx.TensorProto) -> int:
-    """A tensor's bytes from its dims and element type, without serializing it (its
-    serialized size for strings and types numpy does not know)."""
-    import numpy as np
-    from onnx import TensorProto, helper
-
-    try:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    except (KeyError, TypeError, ValueError):
-        dtype = None
-    if dtype is None or tensor.data_type == TensorProto.STRING:
-        return int(tensor.ByteSize())
-    return int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize

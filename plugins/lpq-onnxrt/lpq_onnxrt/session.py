@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from lpq import ConfigError, ModelError
 
-from .model_io import PROTO_LIMIT, tensor_bytes
+from .model_io import PROTO_LIMIT
+from .weights import tensor_bytes
 
 if TYPE_CHECKING:
     import onnx

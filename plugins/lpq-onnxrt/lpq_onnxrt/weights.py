@@ -63,6 +63,14 @@ def nbytes(tensor: onnx.TensorProto) -> int:
     return 0 if dtype is None else int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize
 
 
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """The tensor's bytes without serializing it: :func:`nbytes` for the types stored one
+    element per item, the serialized size for the others (packed types, strings)."""
+    if _np_dtype(tensor.data_type) is not None:
+        return nbytes(tensor)
+    return int(tensor.ByteSize())
+
+
 def is_detached(tensor: onnx.TensorProto) -> bool:
     return any(e.key == "location" and e.value == DETACHED for e in tensor.external_data)
 

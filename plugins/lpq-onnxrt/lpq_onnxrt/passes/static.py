@@ -223,7 +223,7 @@ def _over_proto_limit(model: onnx.ModelProto, light: onnx.ModelProto) -> bool:
     where that estimate is within a margin of the limit."""
     kept = {init.name for init in light.graph.initializer}
     left_out = [init for init in model.graph.initializer if init.name not in kept]
-    estimate = light.ByteSize() + sum(model_io.tensor_bytes(init) for init in left_out)
+    estimate = light.ByteSize() + sum(weights.tensor_bytes(init) for init in left_out)
     # headers (name, dims, type) of the left-out tensors, and a wide margin besides
     margin = (64 << 20) + 512 * len(left_out)
     if abs(estimate - model_io.PROTO_LIMIT) <= margin:
@@ -248,7 +248,7 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     listed = {given.name for given in source.input}
     for init in source.initializer:
         integer = init.data_type in (TensorProto.INT64, TensorProto.INT32)
-        if integer or model_io.tensor_bytes(init) < _WEIGHT_BYTES:
+        if integer or weights.tensor_bytes(init) < _WEIGHT_BYTES:
             graph.initializer.append(init)
         elif init.name not in listed:
             graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
