@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import ranges, streams
+from .. import batches, ranges, streams
 from .timing import measuring_options
 
 if TYPE_CHECKING:
@@ -35,14 +35,10 @@ PER_TENSOR_WEIGHT_RATIO = 3.0
 ERROR_BATCHES = 32
 #: Calibration feeds (whole chains) the output error of a streaming model is measured on.
 STREAM_FEEDS = 4 * ERROR_BATCHES
-#: A batch whose inputs take more than this many bytes runs in chunks of samples that
-#: fit it, where every sample's outputs are its own (see :func:`_batch_chunks`): ORT
-#: holds every intermediate tensor of a run at once. MTCNN P-Net, 32 pictures of 320x240
-#: a batch: 705 MB a run, in chunks of 4 pictures 121 MB, the same outputs bit for bit,
-#: in less CPU time (0.99 -> 0.65 s for three batches).
-CHUNK_BYTES = 4 << 20
-#: Node types whose outputs depend on the whole batch (dynamic quantization's ranges).
-_BATCH_WIDE = {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
+#: A batch whose inputs take more than this many bytes runs in chunks of samples, where
+#: every sample's outputs are its own (see :mod:`lpq_onnxrt.batches`). Its own name here,
+#: so that the output error's chunks can be set apart from evaluation's.
+CHUNK_BYTES = batches.CHUNK_BYTES
 
 
 def weight_error_ratio(weight: np.ndarray) -> float:
@@ -123,7 +119,7 @@ class OutputError:
         self.chains = chains[part[0] :: part[1]]
         # Plain batches of a model whose inputs and outputs share one symbolic batch axis
         # run in chunks (not streams: a chain's state is the whole batch's).
-        self.batched = found is None and _shares_batch_axis(fp32_model)
+        self.batched = found is None and batches.shares_batch_axis(fp32_model)
         self.reference: list[list[tuple[int, np.ndarray]]] = []
         self.reference_sq: dict[int, float] = {}
         self.sessions: Callable[[onnx.ModelProto], Any] | None = None
@@ -172,14 +168,14 @@ class OutputError:
         session = self.sessions(model) if self.sessions is not None else None
         if session is None:
             session = create_session(model, self.options)
-        chunked = self.batched and not any(n.op_type in _BATCH_WIDE for n in model.graph.node)
+        chunked = self.batched and not batches.batch_wide(model)
 
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-            pieces = _batch_chunks(feed) if chunked else None
-            if pieces is None:
-                return list(session.run(None, dict(feed)))
-            runs = [session.run(None, piece) for piece in pieces]
-            return [np.concatenate([got[k] for got in runs]) for k in range(len(runs[0]))]
+            if chunked:
+                outputs = batches.run_in_chunks(lambda p: session.run(None, p), feed, CHUNK_BYTES)
+                if outputs is not None:
+                    return outputs
+            return list(session.run(None, dict(feed)))
 
         for values in iter_chains(run, self.feeds, self.links, self.chains):
             kept: dict[int, np.ndarray] = {}
@@ -197,40 +193,6 @@ def _squares(values: np.ndarray) -> float:
     threads spin after every call (one call per run and output: ddddocr rec's warm
     quantization took 1.2 CPU s more with ``values @ values``)."""
     return float(np.einsum("i,i->", values, values))
-
-
-def _shares_batch_axis(model: onnx.ModelProto) -> bool:
-    """Whether every graph input and output of ``model`` has a first axis named by one
-    and the same symbol (``N``): one sample's outputs are then its own, and a batch may
-    run in pieces."""
-    weights = {init.name for init in model.graph.initializer}
-    values = [v for v in model.graph.input if v.name not in weights] + list(model.graph.output)
-    names = set()
-    for value in values:
-        dims = value.type.tensor_type.shape.dim
-        if not dims or not dims[0].dim_param:
-            return False
-        names.add(dims[0].dim_param)
-    return len(names) == 1
-
-
-def _batch_chunks(feed: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]] | None:
-    """``feed`` cut along its first axis into pieces of at most :data:`CHUNK_BYTES` of
-    inputs (at least one sample each); None when it fits whole or its inputs do not share
-    a batch size."""
-    arrays = {name: np.asarray(value) for name, value in feed.items()}
-    sizes = {array.shape[0] if array.ndim else -1 for array in arrays.values()}
-    total = sum(array.nbytes for array in arrays.values())
-    if len(sizes) != 1 or total <= CHUNK_BYTES:
-        return None
-    (count,) = sizes
-    if count <= 1:
-        return None
-    step = max(1, int(CHUNK_BYTES * count // total))
-    return [
-        {name: array[start : start + step] for name, array in arrays.items()}
-        for start in range(0, count, step)
-    ]
 
 
 def error_feeds(
