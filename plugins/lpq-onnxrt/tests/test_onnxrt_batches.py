@@ -1,0 +1,196 @@
+"""Large batches run in chunks of samples (:mod:`lpq_onnxrt.batches`): ORT holds every
+intermediate tensor of a run at once, so evaluation (the data probe, the fidelity check)
+runs a batch in pieces where each sample's outputs are its own, with the same outputs
+bit for bit; a model whose outputs depend on the whole batch, or whose batch is fixed,
+runs whole, and so does a timed batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from lpq import LatencyMeasurer
+from lpq_onnxrt import batches
+from lpq_onnxrt import evaluate as evaluate_module
+
+SAMPLE_BYTES = 3 * 8 * 8 * 4  # one sample of x, float32
+
+
+def _conv(batch: str | int = "N") -> onnx.ModelProto:
+    """Conv -> Relu (a feature map) and its global average (a vector): two outputs on
+    one batch axis named ``batch`` (or fixed, given a number)."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "B"),
+        numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "flat"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+            helper.make_node("GlobalAveragePool", ["y"], ["g"], name="gap"),
+            helper.make_node("Reshape", ["g", "flat"], ["z"], name="flatten"),
+        ],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 8, 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, 4]),
+        ],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _dynamic() -> onnx.ModelProto:
+    """x quantized with the whole batch's range, dequantized: each sample's output
+    depends on every sample's values."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "zp"], name="dq"),
+            helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="deq"),
+        ],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 8, 8])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _batch(count: int = 10, seed: int = 1) -> np.ndarray:
+    """``count`` samples; each sample on its own scale, so that a range taken over some
+    samples differs from one over all of them."""
+    rng = np.random.default_rng(seed)
+    scales = np.linspace(0.5, 5.0, count, dtype=np.float32).reshape(count, 1, 1, 1)
+    return (rng.normal(0, 1, (count, 3, 8, 8)).astype(np.float32) * scales).astype(np.float32)
+
+
+def _evaluate(
+    model: onnx.ModelProto,
+    data: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    measurer: LatencyMeasurer | None = None,
+) -> tuple[list[Any], list[tuple[int, ...]]]:
+    """What a metric is given for each batch of ``data``, and the batch size of every
+    ORT run."""
+    made = evaluate_module.create_session
+    runs: list[tuple[int, ...]] = []
+
+    class Watched:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def get_outputs(self) -> Any:
+            return self.inner.get_outputs()
+
+        def run(self, names: Any, feed: Any) -> Any:
+            runs.append(tuple(np.shape(feed["x"])[:1]))
+            return self.inner.run(names, feed)
+
+    monkeypatch.setattr(evaluate_module, "create_session", lambda *a, **k: Watched(made(*a, **k)))
+    seen: list[Any] = []
+
+    class Keep:
+        name, higher_is_better = "keep", True
+
+        def update(self, preds: Any, labels: Any) -> None:
+            seen.append(preds)
+
+        def reset(self) -> None:
+            pass
+
+        def result(self) -> float:
+            return 0.0
+
+    evaluate_module.evaluate(model, [(x, None) for x in data], None, [Keep()], measurer, None)
+    return seen, runs
+
+
+def _same_bits(chunked: list[Any], whole: list[Any]) -> None:
+    assert len(chunked) == len(whole)
+    for got, want in zip(chunked, whole, strict=True):
+        got, want = (got, want) if isinstance(got, list) else ([got], [want])
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert a.tobytes() == b.tobytes()
+
+
+def test_batch_chunks_cut_the_batch_axis_to_fit_the_limit():
+    x = _batch(10)
+    pieces = batches.batch_chunks({"x": x}, limit=4 * SAMPLE_BYTES)
+    assert pieces is not None
+    assert [len(piece["x"]) for piece in pieces] == [4, 4, 2]
+    assert np.concatenate([piece["x"] for piece in pieces]).tobytes() == x.tobytes()
+    # At least one sample a piece, however small the limit.
+    tiny = batches.batch_chunks({"x": x}, limit=1)
+    assert tiny is not None and [len(piece["x"]) for piece in tiny] == [1] * 10
+    # Whole: fits, one sample, or inputs of different batch sizes.
+    assert batches.batch_chunks({"x": x}, limit=x.nbytes) is None
+    assert batches.batch_chunks({"x": x[:1]}, limit=1) is None
+    assert batches.batch_chunks({"x": x, "y": x[:5]}, limit=1) is None
+    # The module's limit when none is given, read at call time.
+    assert batches.batch_chunks({"x": x}) is None  # 7.5 KB < CHUNK_BYTES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batches, "CHUNK_BYTES", 5 * SAMPLE_BYTES)
+        halves = batches.batch_chunks({"x": x})
+    assert halves is not None and [len(piece["x"]) for piece in halves] == [5, 5]
+
+
+def test_which_models_run_in_chunks():
+    assert batches.shares_batch_axis(_conv()) and batches.runs_in_chunks(_conv())
+    fixed = _conv(10)
+    assert not batches.shares_batch_axis(fixed) and not batches.runs_in_chunks(fixed)
+    # Two symbols: not one batch axis.
+    two = _conv()
+    two.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
+    assert not batches.runs_in_chunks(two)
+    dynamic = _dynamic()
+    assert batches.shares_batch_axis(dynamic) and batches.batch_wide(dynamic)
+    assert not batches.runs_in_chunks(dynamic)
+
+
+def test_evaluation_runs_a_large_batch_in_chunks_with_the_same_outputs(monkeypatch):
+    data = [_batch(10, seed=1), _batch(3, seed=2)]
+    whole, whole_runs = _evaluate(_conv(), data, monkeypatch)
+    assert whole_runs == [(10,), (3,)]  # under CHUNK_BYTES: whole
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 4 * SAMPLE_BYTES)
+    chunked, chunked_runs = _evaluate(_conv(), data, monkeypatch)
+    assert chunked_runs == [(4,), (4,), (2,), (3,)]
+    _same_bits(chunked, whole)
+    # Concatenated into arrays of their own, not views of ORT's buffers.
+    assert all(array.flags["OWNDATA"] for preds in chunked for array in preds)
+
+
+def test_a_batch_wide_model_runs_whole(monkeypatch):
+    data = [_batch(10)]
+    whole, _ = _evaluate(_dynamic(), data, monkeypatch)
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 4 * SAMPLE_BYTES)
+    got, runs = _evaluate(_dynamic(), data, monkeypatch)
+    assert runs == [(10,)]
+    _same_bits(got, whole)
+    # Why: in pieces, each piece would be quantized with its own range.
+    session = evaluate_module.create_session(_dynamic())
+    pieces = batches.run_in_chunks(lambda feed: session.run(None, feed), {"x": data[0]})
+    assert pieces is not None
+    assert pieces[0].tobytes() != np.asarray(whole[0]).tobytes()
+
+
+def test_a_fixed_batch_runs_whole(monkeypatch):
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 4 * SAMPLE_BYTES)
+    _, runs = _evaluate(_conv(10), [_batch(10)], monkeypatch)
+    assert runs == [(10,)]
+
+
+def test_a_timed_batch_runs_whole(monkeypatch):
+    """A timed batch's latency is the batch's, not its pieces'."""
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 4 * SAMPLE_BYTES)
+    measurer = LatencyMeasurer(warmup=0)
+    _, runs = _evaluate(_conv(), [_batch(10)] * 2, monkeypatch, measurer)
+    assert runs == [(10,), (10,)]
+    assert measurer.median_ms is not None
