@@ -655,6 +655,36 @@ def test_the_final_step_with_a_margin(final_margin: float | None, to_float: bool
     assert decision.planned_ms is None and decision.planned_speedup is None  # no step 1
 
 
+def test_output_errors_are_remembered_for_the_last_few_models_only() -> None:
+    """The current model's error is computed once however often it is compared; the
+    search holds at most ``KEPT_ERRORS`` models for their errors (each is a whole
+    quantized copy), and a model asked again after that is measured again."""
+    from lpq.latency.judging import KEPT_ERRORS, Judge
+
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=0.5)
+    backend = ModeBackend(
+        parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}, quant_error={}
+    )
+    measured: list[Candidate] = []
+    error = backend.error
+
+    def counted(candidate: Candidate) -> float:
+        measured.append(candidate)
+        return error(candidate)
+
+    backend.error = counted  # type: ignore[method-assign]
+    judge = Judge(backend, backend.compare, backend.rules, None)
+    current: Candidate = (frozenset(), "qdq", frozenset())
+    others = [(frozenset({name}), "qdq", frozenset()) for name in ("c1", "a1", "c2", "a2")]
+    for other in others:
+        judge.errors(current)
+        judge.errors(other)
+    assert measured.count(current) == 1 and len(measured) == 1 + len(others)
+    assert len(judge._errors) <= KEPT_ERRORS
+    judge.errors(others[0])  # long forgotten: measured again, with the same result
+    assert measured.count(others[0]) == 2
+
+
 def test_only_each_variants_plan_is_kept_built_without_keep_builds() -> None:
     parts = _chain(c1=0.5, c2=0.5, a1=2.0, a2=2.0)
     backend = _without(

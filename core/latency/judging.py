@@ -20,6 +20,10 @@ from .comparers import Compare
 from .decision import Step
 from .rules import Rules
 
+#: Output errors (with their models) :meth:`Judge.errors` keeps: the current model's and
+#: the last two others'.
+KEPT_ERRORS = 3
+
 
 class Judge:
     """The state of one :func:`~lpq.latency.steps.decide`: the plan so far (ops in float,
@@ -80,11 +84,18 @@ class Judge:
         return model
 
     def errors(self, model: Any) -> float:
-        """``error(model)``, once per model (the current model is compared again and again)."""
+        """``error(model)``, once per model while it is among the :data:`KEPT_ERRORS` last
+        asked (the current model is compared again and again, a candidate once or twice:
+        holding every candidate held every quantized copy the search built, ddddocr's
+        recognizer 25 MB each)."""
         assert self.error is not None
-        if id(model) not in self._errors:
-            self._errors[id(model)] = (model, self.error(model))
-        return self._errors[id(model)][1]
+        found = self._errors.pop(id(model), None)
+        if found is None or found[0] is not model:
+            found = (model, self.error(model))
+        self._errors[id(model)] = found  # the most recently asked last
+        while len(self._errors) > KEPT_ERRORS:
+            del self._errors[next(iter(self._errors))]
+        return found[1]
 
     def edges(self, need: float, tie: float) -> tuple[float, ...]:
         """The thresholds on candidate / current the rules decide by, the deciding one
