@@ -413,6 +413,36 @@ def _load_detached(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Blobs
         ) from None
 
 
+@dataclass(frozen=True, eq=False)
+class ModelFile:
+    """A model written to disk for ONNX Runtime to open itself (``path``, its weights in a
+    file beside it), and its graph without the weights (``graph_only``) for lpq to read.
+
+    The latency search's fp32 side is one: held as a proto it was a 51 MB copy for the
+    whole search on ddddocr's recognizer, and every fp32 session made from it serialized
+    the model first (ORT then parsed the bytes: +131 MB of RSS while the session was made,
+    +76 MB from the file). :func:`lpq_onnxrt.session.create_session` opens the path; code
+    that reads ``.graph`` (wiring, node types) reads the weightless one."""
+
+    path: str
+    graph_only: onnx.ModelProto
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.graph_only.graph
+
+    @classmethod
+    def write(cls, model: onnx.ModelProto, folder: str | os.PathLike[str]) -> ModelFile:
+        """``model`` saved into ``folder`` (which must outlive the returned file); the
+        proto's initializers are turned into references to the weights file (callers
+        pass a copy they drop afterwards)."""
+        import onnx
+
+        path = os.path.join(os.fspath(folder), "model.onnx")
+        onnx.save_model(model, path, save_as_external_data=True, location="model.weights")
+        return cls(path, onnx.load(path, load_external_data=False))
+
+
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
 

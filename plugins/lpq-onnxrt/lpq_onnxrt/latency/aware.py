@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from .. import graph, model_io, ranges
 from . import backend, blame, cache, signature, timing
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 log = logging.getLogger(__name__)
@@ -116,8 +118,8 @@ def latency_decision(
     plan = {name: cfg.to_json() for name, cfg in sorted(static_ops.items())}
     context = cache.cache_context(prepared.key, feed, options)
     key = cache.cache_key(context, plan)
-    folder = cache.cache_dir(options)
-    cached = cache.load_cached(folder, key) or cache.derived(folder, context, plan)
+    cache_folder = cache.cache_dir(options)
+    cached = cache.load_cached(cache_folder, key) or cache.derived(cache_folder, context, plan)
     if cached is not None:
         log.info("latency decisions from the cache (%d ops kept fp32)", len(cached.fp32_ops))
         return cached
@@ -129,11 +131,33 @@ def latency_decision(
         " and ".join(formats),
         ", ".join(f"{k} {list(v.shape)}" for k, v in sorted(feed.items())),
     )
+    table = op_table(prepared.model, static_ops, feed, options)
+    with tempfile.TemporaryDirectory(prefix="lpq-fp32-") as folder:
+        # The fp32 side of every comparison, shaped as the candidates are (inner shapes
+        # dropped), on disk: ORT opens it from there (see model_io.ModelFile).
+        fp32 = model_io.ModelFile.write(
+            graph.drop_inner_shapes(model_io.copy_model(prepared.model)), folder
+        )
+        decided = _search(options, table, feed, ops, formats, fp32, build, dynamic, error)
+    cache.store(cache_folder, key, decided, context, plan)
+    return decided
+
+
+def _search(
+    options: Mapping[str, Any],
+    table: blame.TableParts | None,
+    feed: Mapping[str, np.ndarray],
+    ops: list[tuple[str, str]],
+    formats: tuple[str, ...],
+    fp32: model_io.ModelFile,
+    build: backend.Builder,
+    dynamic: list[str],
+    error: Callable[[onnx.ModelProto], float],
+) -> backend.LatencyDecision:
+    """Core's search (:func:`lpq.latency.decide`) on lpq-onnxrt's backend: the ORT
+    timer, the profiler and op latency table, the output error."""
     budget = float(options.get("latency_budget_s", timing.DEFAULT_BUDGET_S))
     timer = timing.ort_timer(options, budget_s=budget)
-    # The fp32 side of every comparison, shaped as the candidates are (inner shapes dropped).
-    fp32 = graph.drop_inner_shapes(model_io.copy_model(prepared.model))
-    table = op_table(prepared.model, static_ops, feed, options)
     blamer = blame.profile_blame(options, feed, fp32, [n for n, _ in ops], table)
     release = getattr(timer, "release", None)
     if blamer is not None and release is not None:
@@ -171,7 +195,6 @@ def latency_decision(
             table.table.misses,
             getattr(blamer, "profiles", 0),
         )
-    cache.store(folder, key, decided, context, plan)
     return decided
 
 

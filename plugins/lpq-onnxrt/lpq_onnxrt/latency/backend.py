@@ -26,6 +26,8 @@ from .timing import Timer, sequential
 if TYPE_CHECKING:
     import onnx
 
+    from ..model_io import ModelFile
+
 #: A change must make the model this much faster (relative) to be kept; a change that
 #: only gains fidelity (an op type back to fp32) is kept when it costs no more than this.
 DEFAULT_MARGIN = 0.03
@@ -101,7 +103,8 @@ class OrtBackend:
     """What :func:`lpq.latency.decide` asks, answered for one ONNX model.
 
     ``build``: the static plan's builder; ``fp32_model``: the float side of every
-    comparison; ``ops``: the static ops (name, op type); ``feed``: the measuring input;
+    comparison (a proto, or a :class:`~lpq_onnxrt.model_io.ModelFile` ORT opens
+    itself); ``ops``: the static ops (name, op type); ``feed``: the measuring input;
     ``formats``: the formats allowed, the default first; ``timer``: an ORT timer (or a
     scripted one); ``dynamic``: static ops that may run dynamically quantized; ``error``:
     a model's output error against fp32; ``blame``, ``verdict``, ``slowdown``: the
@@ -115,7 +118,7 @@ class OrtBackend:
     def __init__(
         self,
         build: Builder,
-        fp32_model: onnx.ModelProto,
+        fp32_model: onnx.ModelProto | ModelFile,
         ops: Sequence[tuple[str, str]],
         feed: Mapping[str, np.ndarray],
         *,
@@ -157,7 +160,7 @@ class OrtBackend:
 
     def build(
         self, keep_float: frozenset[str], variant: str, alternative: frozenset[str]
-    ) -> onnx.ModelProto:
+    ) -> onnx.ModelProto | ModelFile:
         """The model with ``keep_float`` in fp32 (all of them: the fp32 model), the static
         ops in ``variant`` and ``alternative`` dynamic."""
         if keep_float == frozenset(name for name, _ in self._ops) and not alternative:

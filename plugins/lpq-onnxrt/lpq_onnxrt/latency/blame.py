@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     from lpq.latency.table import LatencyTable, Verdict
 
+    from ..model_io import ModelFile
+
 log = logging.getLogger(__name__)
 
 #: Profiled runs of each model (after one warm-up run).
@@ -61,7 +63,7 @@ class TableParts:
 def profile_blame(
     options: Mapping[str, Any],
     feed: Mapping[str, np.ndarray],
-    fp32_model: onnx.ModelProto,
+    fp32_model: onnx.ModelProto | ModelFile,
     ops: Sequence[str],
     table: TableParts | None = None,
 ) -> Profiler:
@@ -82,7 +84,7 @@ class Profiler:
         self,
         options: Mapping[str, Any],
         feed: Mapping[str, np.ndarray],
-        fp32_model: onnx.ModelProto,
+        fp32_model: onnx.ModelProto | ModelFile,
         ops: Sequence[str],
         table: TableParts | None = None,
     ) -> None:
@@ -189,7 +191,7 @@ class _Timed:
 
 
 def _node_times(
-    models: Sequence[onnx.ModelProto],
+    models: Sequence[onnx.ModelProto | ModelFile],
     options: Mapping[str, Any],
     feed: Mapping[str, np.ndarray],
     runs: int = PROFILE_RUNS,
@@ -200,7 +202,7 @@ def _node_times(
 
     import onnx
 
-    from ..session import build_session_options, create_session
+    from ..session import build_session_options, create_session, release_freed_memory
 
     feeds = dict(feed)
     with tempfile.TemporaryDirectory(prefix="lpq-profile-") as tmp:
@@ -231,6 +233,8 @@ def _node_times(
             events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
             graph = onnx.load(path, load_external_data=False).graph
             found.append(_per_node(events, {node.name: node for node in graph.node}, skip=1))
+        del sessions
+        release_freed_memory()
     return found
 
 

@@ -79,7 +79,10 @@ class OrtTimer:
 
     def release(self) -> None:
         """Drop the kept sessions (before a profile, and when the search ends)."""
+        from ..session import release_freed_memory
+
         self._kept = {}
+        release_freed_memory()
 
     def __call__(
         self,
@@ -87,7 +90,7 @@ class OrtTimer:
         feed: Mapping[str, np.ndarray],
         edges: Sequence[float] = (),
     ) -> dict[str, float]:
-        from ..session import create_session
+        from ..session import create_session, release_freed_memory
 
         feeds = dict(feed)
         # With parallel tuning workers: the machine to ourselves, every core (sessions
@@ -98,7 +101,10 @@ class OrtTimer:
             # made the fp32 session beside the current model's and the last candidate's
             # (each about 0.1 GB).
             wanted = {id(proto) for proto in models.values()}
+            dropped = len(self._kept)
             self._kept = {key: kept for key, kept in self._kept.items() if key in wanted}
+            if len(self._kept) < dropped:
+                release_freed_memory()
             sessions: dict[str, Any] = {}
             for label, proto in models.items():
                 kept = self._kept.get(id(proto))
