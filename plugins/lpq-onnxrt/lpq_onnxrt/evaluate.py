@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -12,7 +13,7 @@ import numpy as np
 
 from lpq import DataError, EvalResult, LatencyMeasurer, Metric, ModelError, evaluate_batches
 
-from . import llm_io, model_io
+from . import llm_io, model_io, weights
 from .batches import run_in_chunks, runs_in_chunks
 from .data import input_specs, iter_batches
 from .latency.timing import measuring_options
@@ -62,8 +63,8 @@ def runnable(
 def _from_file(
     path: Path, options: dict[str, Any]
 ) -> tuple[onnxruntime.InferenceSession, onnx.ModelProto] | None:
-    """ONNX Runtime's session over the file itself, with the graph (no weights) as the
-    proto, when version normalisation would not change the model; else None.
+    """ONNX Runtime's session over the file itself, with the graph (weights header-only)
+    as the proto, when version normalisation would not change the model; else None.
 
     Loading the file into a proto, normalising a copy and handing ORT the serialized
     bytes held the model three times over (SmolLM2-135M: 540 MB each; ~2 s of
@@ -71,13 +72,31 @@ def _from_file(
     keeps the model as it is) and was done for every fp32 timing of a tuning run. The
     normalisation is tried on the graph alone: when it leaves it unchanged, ORT opens
     the file (and its external data) itself."""
-    import onnx
-
     if not path.is_file():
         return None
+    stat = path.stat()
+    graph = _file_graph(str(path.resolve()), (stat.st_mtime_ns, stat.st_size))
+    if graph is None:
+        return None
     try:
-        graph = onnx.load(str(path), load_external_data=False)
-    except Exception:  # model_io.load_file says why, on the path below
+        session = create_session(path, options)
+    except ModelError:  # the proto path below raises the error the user sees
+        return None
+    return session, graph
+
+
+@functools.lru_cache(maxsize=4)
+def _file_graph(path: str, stamp: tuple[int, int]) -> onnx.ModelProto | None:
+    """The model file's graph with its weights header-only (read-only: it is shared), or
+    None when it cannot be read or version normalisation would change it; once per file
+    and state (``stamp``: its mtime and size). ``lpq quantize`` opens the user's fp32
+    file five times (the data probe, the fidelity check, speed): ddddocr's recognizer
+    keeps its 54 MB of weights in the file, and each open parsed all of it (0.14 s)."""
+    import onnx
+
+    try:
+        graph, _ = weights.detach(onnx.load(path, load_external_data=False))
+    except Exception:  # model_io.load_file says why, on the proto path of runnable()
         return None
     if model_io.newer_than_ort_takes(graph):
         fixed = model_io.copy_model(graph)
@@ -87,11 +106,7 @@ def _from_file(
             return None
         if fixed != graph:
             return None
-    try:
-        session = create_session(path, options)
-    except ModelError:  # the proto path below raises the error the user sees
-        return None
-    return session, graph
+    return graph
 
 
 def evaluate(

@@ -322,3 +322,40 @@ def test_the_timer_gives_freed_memory_back_when_it_drops_sessions(monkeypatch):
         assert session_module._malloc_trim() is not None
     monkeypatch.undo()
     session_module.release_freed_memory()  # never raises, whatever the C library
+
+
+def test_a_model_file_is_read_once_while_it_is_unchanged(tmp_path, monkeypatch):
+    """Evaluation opens a user's file in ORT and reads its graph for the input specs: the
+    graph (weights header-only) is read once per file state, not at every evaluation;
+    a changed file is read again."""
+    import os
+
+    from lpq_onnxrt import evaluate
+
+    path = tmp_path / "model.onnx"
+
+    def save(scale: float) -> None:
+        model = _two_outputs(scale)
+        model.ir_version = 9  # as ORT takes it: opened from the file
+        onnx.save_model(model, str(path))
+
+    save(1.0)
+    loads: list[str] = []
+    load = onnx.load
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        loads.append(str(args[0]))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(onnx, "load", counting)
+    evaluate._file_graph.cache_clear()
+    first = evaluate.runnable(str(path))
+    second = evaluate.runnable(str(path))
+    assert len(loads) == 1 and first[1] is second[1]
+    feed = _feeds(1)[0]
+    np.testing.assert_array_equal(first[0].run(None, feed)[0], second[0].run(None, feed)[0])
+    save(1.5)
+    os.utime(path, ns=(1, 1))  # a new state even within the clock's resolution
+    third = evaluate.runnable(str(path))
+    assert len(loads) == 2
+    assert not np.array_equal(third[0].run(None, feed)[0], first[0].run(None, feed)[0])
