@@ -567,36 +567,3 @@ def test_calibration_sessions_do_not_spin_and_the_callers_options_are_untouched(
     with pytest.raises(RuntimeError):  # ORT's "does not have configuration with key"
         given.get_session_config_entry(calibration.SPINNING)
     assert given.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-
-
-def test_small_runs_are_folded_together_with_the_same_statistics(monkeypatch) -> None:
-    """Outputs of small runs go into the histograms several runs at a time (one update per
-    tensor per FOLD_BYTES held, not one per run): the same ranges and counts as one update
-    per run, far fewer updates."""
-    from lpq_onnxrt.calibration import collect as calibration
-    from lpq_onnxrt.calibration import histogram
-
-    model, _ = _mlp_model()
-    rng = np.random.default_rng(6)
-    batches = [rng.normal(size=(1, 8)).astype(np.float32) * (1 + i % 5) for i in range(40)]
-    names = ["h_b", "r", "y"]
-    updates = [0]
-    original = histogram._TensorHistogram.add
-
-    def counting(self: Any, values: np.ndarray) -> None:
-        updates[0] += 1
-        original(self, values)
-
-    monkeypatch.setattr(histogram._TensorHistogram, "add", counting)
-    folded = collect_statistics(model, names, ({"x": b} for b in batches))
-    folds = updates[0]
-    monkeypatch.setattr(calibration, "FOLD_BYTES", 1)  # every run's outputs at once
-    updates[0] = 0
-    one_by_one = collect_statistics(model, names, ({"x": b} for b in batches))
-    assert updates[0] == 40 * len(names) and folds == len(names)
-    for name in names:
-        for algorithm in ("minmax", "kl", "percentile", "mse"):
-            assert folded.compute_range(name, algorithm, symmetric=False) == (
-                one_by_one.compute_range(name, algorithm, symmetric=False)
-            )
-        assert folded.count(name) == one_by_one.count(name)

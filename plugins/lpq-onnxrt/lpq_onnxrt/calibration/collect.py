@@ -30,12 +30,6 @@ MEMORY_ENV = "LPQ_CALIB_MEMORY_MB"
 #: :func:`run_budget`).
 RUN_WEIGHTS = 4
 RUN_FLOOR = 64 << 20
-#: Small runs' outputs are folded into the histograms together, up to this many bytes
-#: at a time: a fold costs about the same whatever its size (the numpy calls of one
-#: histogram update), and ddddocr's recognizer (fixed batch 1, 48 tensors, 64 samples)
-#: made 3060 folds of 10-200 KB, 0.95 s. The statistics do not depend on how the
-#: values are grouped (see :mod:`.histogram`).
-FOLD_BYTES = 8 << 20
 
 
 def memory_budget(options: Mapping[str, Any] | None = None) -> int:
@@ -173,7 +167,6 @@ def collect_statistics(
 
     session = _make_session(augmented, session_options)
     required = {i.name for i in session.get_inputs()}
-    pending = _Folds(stats)
     count = 0
     plan: _Plan | None = None
     for feed in _with_progress(feeds, show_progress):
@@ -209,39 +202,12 @@ def collect_statistics(
                 for group in plan.groups:
                     outputs = _run(session, group, part, count)
                     for name, value in zip(group, outputs):
-                        pending.add(name, value)
+                        stats.update(name, value)
                     del outputs
         count += 1
-    pending.flush()
     if count == 0:
         raise DataError("the calibration data yielded no feeds", hint="pass at least one sample")
     return stats
-
-
-class _Folds:
-    """Outputs waiting to be folded into ``stats``: each tensor's values of several runs
-    go in as one update once :data:`FOLD_BYTES` are held (copies: a kept ORT output would
-    hold its buffer in the session's arena)."""
-
-    def __init__(self, stats: CalibrationStats) -> None:
-        self.stats, self.limit = stats, FOLD_BYTES
-        self.held: dict[str, list[np.ndarray]] = {}
-        self.bytes = 0
-
-    def add(self, name: str, value: np.ndarray) -> None:
-        array = np.asarray(value)
-        if array.nbytes >= self.limit or array.dtype.kind != "f":
-            self.stats.update(name, array)  # large (or not float): on its own, at once
-            return
-        self.held.setdefault(name, []).append(np.array(array, copy=True).reshape(-1))
-        self.bytes += array.nbytes
-        if self.bytes >= self.limit:
-            self.flush()
-
-    def flush(self) -> None:
-        for name, parts in self.held.items():
-            self.stats.update(name, parts[0] if len(parts) == 1 else np.concatenate(parts))
-        self.held, self.bytes = {}, 0
 
 
 def _run(
