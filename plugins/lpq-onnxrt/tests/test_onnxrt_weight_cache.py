@@ -152,3 +152,57 @@ def test_a_cached_build_keeps_no_quantizer_alive(parts, fmt, monkeypatch):
         assert [ref() for ref in seen] == [None, None]  # freed by reference counting alone
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_indexed_lookups_write_the_same_bytes(parts, fmt, monkeypatch):
+    """ORT's quantizer with lpq's indexed name lookups (``fast_lookups``) writes the same
+    model as with its own scans; ORT's modules get their functions back afterwards."""
+    import contextlib
+
+    from onnxruntime.quantization import onnx_model, qdq_quantizer
+
+    from lpq_onnxrt.passes import static
+
+    original = (onnx_model.find_by_name, qdq_quantizer.find_by_name)
+    fast = _build(parts, fmt).SerializeToString()
+    assert (onnx_model.find_by_name, qdq_quantizer.find_by_name) == original
+    monkeypatch.setattr(static, "fast_lookups", lambda _: contextlib.nullcontext())
+    assert _build(parts, fmt).SerializeToString() == fast
+
+
+def test_the_name_index_finds_what_a_scan_finds():
+    """Appends (named before they are added, as ORT's quantizers do), removals, renames
+    of the last item and lookups of present and absent names, at random: the index
+    answers as ORT's scan does (the first item of the name, or None); a plain list is
+    scanned."""
+    import random
+
+    from onnx import TensorProto, helper
+    from onnxruntime.quantization.quant_utils import find_by_name
+
+    from lpq_onnxrt.passes.quantizer import _NameIndex
+
+    rng = random.Random(0)
+    graph = helper.make_graph([], "g", [], [])
+    items = graph.initializer
+    index = _NameIndex()
+
+    def tensor(name: str) -> Any:
+        return helper.make_tensor(name, TensorProto.FLOAT, [1], [0.0])
+
+    for step in range(3000):
+        action = rng.random()
+        if action < 0.3:
+            items.append(tensor(f"t{rng.randrange(400)}"))
+        elif action < 0.35 and len(items):
+            items.remove(items[rng.randrange(len(items))])
+        elif action < 0.37 and len(items):
+            items[len(items) - 1].name = f"t{rng.randrange(400)}"
+        name = f"t{rng.randrange(400)}"
+        found, expected = index.find(name, items), find_by_name(name, items)
+        assert (found is None) == (expected is None), (step, name)
+        if found is not None:
+            assert found.name == name and found == expected
+    copied = list(items)
+    assert index.find(copied[-1].name, copied) is find_by_name(copied[-1].name, copied)

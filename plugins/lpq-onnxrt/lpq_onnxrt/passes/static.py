@@ -21,6 +21,7 @@ from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 from .. import graph, model_io, range_choice, ranges, weights
 from .quantizer import (
     WeightCache,
+    fast_lookups,
     fast_rewiring,
     most_common,
     per_channel,
@@ -313,7 +314,7 @@ def _run_quantizer(
             )
         fast_rewiring(quantizer)
         shared = weight_cache.active(quantizer) if weight_cache else contextlib.nullcontext()
-        with quiet_quantizer(), shared:
+        with quiet_quantizer(), shared, fast_lookups(quantizer):
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise ModelError(
