@@ -567,3 +567,27 @@ def test_calibration_sessions_do_not_spin_and_the_callers_options_are_untouched(
     with pytest.raises(RuntimeError):  # ORT's "does not have configuration with key"
         given.get_session_config_entry(calibration.SPINNING)
     assert given.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_histogram_counts_match_a_numpy_reference(dtype: type) -> None:
+    """The binned counts, value by value as defined: |x| in bins of width bound / n (the
+    last bin takes the bound itself), x < 0 in the negative half, -0.0 and NaN handled as
+    the definition says (-0.0 is not negative; NaN and inf are not binned, but counted)."""
+    from lpq_onnxrt.calibration.histogram import _BIN_SLICE, _TensorHistogram
+
+    rng = np.random.default_rng(7)
+    data = rng.normal(0.0, 3.0, size=3 * _BIN_SLICE + 123).astype(dtype)
+    data[:50] = -0.0
+    data[50:60] = 16.0  # the bound itself (a power of two above every other value)
+    data[60:70] = -1.0 * 16.0 / 64  # exactly on bin edges
+    data[70:75] = [np.nan, np.inf, -np.inf, np.nan, 2.0]
+    histogram = _TensorHistogram(64)
+    histogram.add(data)
+    finite = data[np.isfinite(data)]
+    assert histogram.bound == 16.0 and histogram.nonfinite == 4
+    index = np.minimum(np.floor(np.abs(finite.astype(np.float64)) * 64 / 16.0), 63).astype(int)
+    negative = finite < 0
+    np.testing.assert_array_equal(histogram.positive, np.bincount(index[~negative], minlength=64))
+    np.testing.assert_array_equal(histogram.negative, np.bincount(index[negative], minlength=64))
+    assert (histogram.minimum, histogram.maximum) == (float(finite.min()), float(finite.max()))

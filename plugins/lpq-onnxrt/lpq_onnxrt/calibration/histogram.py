@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,14 +65,19 @@ class _TensorHistogram:
 
     def add(self, values: np.ndarray) -> None:
         flat = values.reshape(-1)
-        finite = np.isfinite(flat)
-        if not finite.all():
-            self.nonfinite += int(flat.size - np.count_nonzero(finite))
-            flat = flat[finite]
         if flat.size == 0:
             return
-        self.ranges.clear()
         lo, hi = float(flat.min()), float(flat.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            # a NaN makes min and max NaN, an infinity shows in one of them: only then is
+            # the whole tensor checked value by value
+            finite = np.isfinite(flat)
+            self.nonfinite += int(flat.size - np.count_nonzero(finite))
+            flat = flat[finite]
+            if flat.size == 0:
+                return
+            lo, hi = float(flat.min()), float(flat.max())
+        self.ranges.clear()
         self.minimum = min(self.minimum, lo)
         self.maximum = max(self.maximum, hi)
         self.count += int(flat.size)
@@ -94,12 +100,18 @@ class _TensorHistogram:
         scale = n / self.bound  # a power of two: the multiplication below is exact
         if flat.dtype != np.float64 and not 2.0**-100 < scale < 2.0**100:
             flat = flat.astype(np.float64)  # keep float32 from overflowing
-        scaled = flat * flat.dtype.type(scale)
+        # Into scratch arrays, and the negatives offset by an unmasked add: fresh
+        # 0.25-0.5 MB arrays per slice (page faults) and ``np.add(..., where=flat < 0)``
+        # (numpy's masked loop) made binning 2.9x slower (6.7 -> 2.3 ns a value; ddddocr
+        # det's calibration bins 2.4 billion values). The same counts.
+        size = flat.size
+        scaled = np.multiply(flat, flat.dtype.type(scale), out=_scratch(flat.dtype, size))
         np.abs(scaled, out=scaled)
         np.minimum(scaled, n - 1, out=scaled)
-        index = scaled.astype(np.intp)  # floor of |x| / bin width
-        del scaled
-        np.add(index, n, out=index, where=flat < 0)  # negatives: second half
+        index = _scratch(np.dtype(np.intp), size)
+        np.copyto(index, scaled, casting="unsafe")  # floor of |x| / bin width (x >= 0)
+        negative = np.less(flat, 0, out=_scratch(np.dtype(np.bool_), size))
+        index += negative * n  # negatives: second half
         counts = np.bincount(index, minlength=2 * n)
         self.positive += counts[:n]
         self.negative += counts[n:]
@@ -120,6 +132,25 @@ class _TensorHistogram:
                 new[: n // factor] = old.reshape(n // factor, factor).sum(axis=1)
             setattr(self, name, new)
         self.bound = bound
+
+
+class _Scratch(threading.local):
+    """Per-thread arrays :meth:`_TensorHistogram._bin_slice` works in (one per dtype,
+    at least :data:`_BIN_SLICE` long), reused from slice to slice."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[np.dtype[Any], np.ndarray] = {}
+
+
+_SCRATCH = _Scratch()
+
+
+def _scratch(dtype: np.dtype[Any], size: int) -> np.ndarray:
+    """The first ``size`` items of this thread's scratch array of ``dtype``."""
+    array = _SCRATCH.arrays.get(dtype)
+    if array is None or array.size < size:
+        array = _SCRATCH.arrays[dtype] = np.empty(max(size, _BIN_SLICE), dtype=dtype)
+    return array[:size]
 
 
 def _power_of_two_at_least(value: float) -> float:
