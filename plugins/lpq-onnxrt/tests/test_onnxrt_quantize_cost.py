@@ -359,3 +359,25 @@ def test_a_model_file_is_read_once_while_it_is_unchanged(tmp_path, monkeypatch):
     third = evaluate.runnable(str(path))
     assert len(loads) == 2
     assert not np.array_equal(third[0].run(None, feed)[0], first[0].run(None, feed)[0])
+
+
+def test_the_backend_lends_the_timers_sessions_while_the_search_runs():
+    """OrtBackend.sessions_lent: the output error runs in the timer's sessions during the
+    search only; with a scripted timer (no sessions) nothing is lent."""
+    from lpq_onnxrt.latency import timing
+    from lpq_onnxrt.latency.backend import OrtBackend
+
+    fp32, feeds = _two_outputs(), _feeds()
+    error = fidelity.output_error({}, feeds, fp32)
+    timer = timing.OrtTimer({}, budget_s=0.001, min_runs=2)
+    backend = OrtBackend(
+        lambda *_: fp32, fp32, [], feeds[0], formats=("qdq",), timer=timer, error=error
+    )
+    with backend.sessions_lent():
+        assert error.sessions == timer.session_for
+    assert error.sessions is None
+    scripted = OrtBackend(
+        lambda *_: fp32, fp32, [], feeds[0], formats=("qdq",), timer=lambda *a: {}, error=error
+    )
+    with scripted.sessions_lent():
+        assert error.sessions is None

@@ -176,18 +176,8 @@ def _search(
         slowdown=getattr(blamer, "slowdown", None),
     )
     margin = float(options.get("latency_margin", backend.DEFAULT_MARGIN))
-    # The output error of a model the timer has just timed runs in the timer's session
-    # (same options) instead of a new one: ddddocr rec made three sessions fewer, and
-    # held two at a time instead of three.
-    lend = getattr(error, "lend", None)
-    session_for = getattr(timer, "session_for", None)
-    if callable(lend) and callable(session_for):
-        lend(session_for)
-    try:
+    with searched.sessions_lent():
         decided = backend.LatencyDecision.of(decide(searched, margin=margin, log=log.info))
-    finally:
-        if callable(lend):
-            lend(None)
     if table is not None:
         log.info(
             "op latency table: %d hit(s), %d miss(es), %d profile(s)",
