@@ -1,4 +1,4 @@
-"""Helpers shared by lpq-onnxrt's latency tests (fixtures live in ``conftest.py``).
+"""Helpers shared by lpq-onnxrt's tests (fixtures live in ``conftest.py``).
 
 A module with a unique name rather than ``conftest``: every package's test folder has its
 own ``conftest.py``, and pytest runs them all in one session (core's tests do the same
@@ -85,3 +85,22 @@ def decoder_io(
             shape = ["batch", kv_heads, "total", head_dim]
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, shape))
     return inputs, outputs
+
+
+class KeepPredictions:
+    """A metric that keeps every prediction it is given (``seen``), as a metric holding a
+    reference would: what evaluation hands metrics, checked as they got it."""
+
+    name, higher_is_better = "keep", True
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def update(self, preds: Any, labels: Any) -> None:
+        self.seen.append(preds)
+
+    def reset(self) -> None:
+        pass
+
+    def result(self) -> float:
+        return 0.0

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxrt_testutil import KeepPredictions
 
 from lpq import LatencyMeasurer
 from lpq_onnxrt import batches
@@ -93,22 +94,9 @@ def _evaluate(
             return self.inner.run(names, feed)
 
     monkeypatch.setattr(evaluate_module, "create_session", lambda *a, **k: Watched(made(*a, **k)))
-    seen: list[Any] = []
-
-    class Keep:
-        name, higher_is_better = "keep", True
-
-        def update(self, preds: Any, labels: Any) -> None:
-            seen.append(preds)
-
-        def reset(self) -> None:
-            pass
-
-        def result(self) -> float:
-            return 0.0
-
-    evaluate_module.evaluate(model, [(x, None) for x in data], None, [Keep()], measurer, None)
-    return seen, runs
+    kept = KeepPredictions()
+    evaluate_module.evaluate(model, [(x, None) for x in data], None, [kept], measurer, None)
+    return kept.seen, runs
 
 
 def _same_bits(chunked: list[Any], whole: list[Any]) -> None:

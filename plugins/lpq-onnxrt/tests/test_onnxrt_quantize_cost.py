@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnxrt_testutil import KeepPredictions
 
 from lpq_onnxrt import session as session_module
 from lpq_onnxrt.latency import fidelity
@@ -141,23 +142,10 @@ def test_evaluation_outputs_do_not_hold_ort_buffers():
     memory arena alive after the session is gone."""
     from lpq_onnxrt import evaluate
 
-    seen: list[Any] = []
-
-    class Keep:
-        name, higher_is_better = "keep", True
-
-        def update(self, preds: Any, labels: Any) -> None:
-            seen.append(preds)
-
-        def reset(self) -> None:
-            pass
-
-        def result(self) -> float:
-            return 0.0
-
+    kept = KeepPredictions()
     data = [(feed["x"], None) for feed in _feeds(2)]
-    evaluate.evaluate(_two_outputs(), data, None, [Keep()], None, None)
-    arrays = [array for preds in seen for array in preds]
+    evaluate.evaluate(_two_outputs(), data, None, [kept], None, None)
+    arrays = [array for preds in kept.seen for array in preds]
     assert len(arrays) == 4
     assert all(array.flags["OWNDATA"] for array in arrays)
 
