@@ -223,8 +223,25 @@ def _convert_opset(model: onnx.ModelProto, version: int) -> None:
     model.ir_version = max(ir, 7) if version >= 13 else ir
 
 
+#: Nodes that read a tensor's shape as data: the dims ORT's symbolic shape inference
+#: resolves let constant folding remove the shape arithmetic after them.
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference: ORT's symbolic inference, falling back to onnx's on failure.
+    """Shape inference: ORT's symbolic inference where the graph reads shapes as data
+    (:data:`_SHAPE_READERS`) or has ops outside the ONNX standard (in any subgraph too),
+    falling back to onnx's on failure; onnx's own everywhere else.
+
+    Symbolic inference resolves dims onnx's leaves unknown (a transformer's sequence
+    length and hidden size), which matters where ``Shape`` / ``Size`` nodes feed shape
+    arithmetic that constant folding can then remove, and it knows ORT's contrib ops. A
+    standard graph without shape readers gets the same types and ranks from onnx's
+    inference in a fraction of the time: PP-OCRv4 det (its only dynamic dims come from
+    Resize) took 5.2 s of symbolic inference per call, twice per preparation, and 0.03 s
+    of onnx's; the quantized nodes and weights are the same (PP-OCRv4 det, MTCNN, ddddocr
+    det), and the graph outputs keep the model's own dim names (symbolic inference
+    renamed them, e.g. MTCNN's ``M3`` to ``floor(M1/2) - 5``).
 
     ORT's ``SymbolicShapeInference.infer_shapes`` writes ``sym_shape_infer_temp.onnx`` into
     the current directory when it cannot infer every shape; its steps are run here
@@ -233,7 +250,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
 
     try:
-        inferred = _symbolic_shapes(model)
+        inferred = _symbolic_shapes(model) if _needs_symbolic(model.graph) else None
         if inferred is not None:
             return inferred
     except Exception as exc:  # symbolic inference fails on some real graphs
@@ -243,6 +260,20 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as exc:
         log.info("onnx shape inference failed too (%s); continuing without shapes", exc)
         return model
+
+
+def _needs_symbolic(graph: onnx.GraphProto) -> bool:
+    """Whether a node of ``graph`` or of one of its subgraphs reads a shape as data, or
+    is not a standard ONNX op (ORT's contrib ops, GroupQueryAttention or MatMulNBits in a
+    builder's decoder: onnx's inference knows none of them, ORT's symbolic one does)."""
+    for node in graph.node:
+        if node.op_type in _SHAPE_READERS or node.domain not in ("", "ai.onnx"):
+            return True
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+            if any(_needs_symbolic(subgraph) for subgraph in subgraphs):
+                return True
+    return False
 
 
 @functools.cache

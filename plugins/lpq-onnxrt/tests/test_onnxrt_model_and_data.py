@@ -92,6 +92,43 @@ def test_onnx_default_ir_and_opset_are_normalised(pm):
     assert qmodel.proto.ir_version <= model_io.MAX_IR_VERSION
 
 
+def _reading_shapes() -> onnx.ModelProto:
+    """:func:`_unnamed_model` with a Shape node (its output a graph output): a graph ORT's
+    symbolic shape inference runs on."""
+    model = _unnamed_model()
+    model.graph.node.append(helper.make_node("Shape", ["x"], ["x_shape"]))
+    model.graph.output.append(helper.make_tensor_value_info("x_shape", TensorProto.INT64, [4]))
+    return model
+
+
+def test_symbolic_inference_runs_where_shapes_are_read_or_ops_are_not_standard(monkeypatch):
+    """ORT's symbolic inference (slow: 5 s a call on PP-OCRv4 det) only for graphs that
+    read shapes as data or hold contrib ops; onnx's own for the others, which keep their
+    output dims as the model names them."""
+    inference = model_io._symbolic_shape_inference()
+    calls: list[int] = []
+    run = inference._infer_impl
+
+    def counted(self, *args):
+        calls.append(1)
+        return run(self, *args)
+
+    monkeypatch.setattr(inference, "_infer_impl", counted)
+    plain = model_io.infer_shapes(_unnamed_model())
+    assert calls == [] and "a" in {vi.name for vi in plain.graph.value_info}
+    assert plain.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    model_io.infer_shapes(_reading_shapes())
+    assert calls
+    calls.clear()
+    contrib = _unnamed_model()
+    contrib.graph.node[1].CopyFrom(
+        helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft")  # ORT's contrib op
+    )
+    contrib.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    model_io.infer_shapes(contrib)
+    assert calls
+
+
 def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
     inference = model_io._symbolic_shape_inference()
 
@@ -99,7 +136,7 @@ def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
         raise RuntimeError("symbolic inference failed")
 
     monkeypatch.setattr(inference, "_infer_impl", broken)
-    inferred = model_io.infer_shapes(_unnamed_model())
+    inferred = model_io.infer_shapes(_reading_shapes())
     assert "a" in {vi.name for vi in inferred.graph.value_info}
 
 
@@ -113,7 +150,7 @@ def test_incomplete_symbolic_inference_leaves_no_file_in_the_cwd(monkeypatch, tm
 
     monkeypatch.setattr(inference, "_infer_impl", gives_up)
     monkeypatch.chdir(tmp_path)
-    inferred = model_io.infer_shapes(_unnamed_model())
+    inferred = model_io.infer_shapes(_reading_shapes())
     assert "a" in {vi.name for vi in inferred.graph.value_info}  # onnx's inference took over
     assert list(tmp_path.iterdir()) == []
 
