@@ -3,8 +3,9 @@
 Whatever the user passes (a path, a ``ModelProto``, a saved :class:`QuantizedModel`), the
 adaptor works on a *prepared* copy: external data loaded, every node named (ORT's int4
 quantizer deletes unnamed nodes, and tune_cfgs refer to nodes by name), IR version and
-opset readable by the installed ORT, shapes inferred (symbolic inference first, onnx's
-own as fallback) and ORT's basic graph optimizations applied once (constant folding,
+opset readable by the installed ORT, shapes inferred (symbolic inference where the graph
+reads shapes or holds contrib ops, onnx's own otherwise and as fallback; see
+:func:`infer_shapes`) and ORT's basic graph optimizations applied once (constant folding,
 Conv+BatchNorm fusion), which is what ORT's ``quant_pre_process`` recommends. Preparing
 is cached per model content, so a tuning run pays for it once.
 """
