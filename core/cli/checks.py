@@ -214,7 +214,7 @@ def probe_data(
     Says once when a single-array file's array name is not one of the model's input names
     and the array is fed to the model's only input by position.
     """
-    from ..eval.data import ArrayLoader, split_batch
+    from ..eval.data import ArrayLoader, head, split_batch
 
     if not isinstance(loader, ArrayLoader):
         return loader, None
@@ -240,7 +240,7 @@ def probe_data(
         if loader.batch_size == 1 or _samples(inputs) <= 1:
             raise _named(exc, stage, loader) from None
         try:
-            outputs = _one_batch(pm, framework, model, _head(inputs))
+            outputs = _one_batch(pm, framework, model, head(inputs))
         except Exception:
             raise _named(exc, stage, loader) from None
         if batch_given:
@@ -269,14 +269,6 @@ def probe_data(
 def _samples(inputs: Any) -> int:
     first = _first_array(inputs)
     return int(first.shape[0]) if first is not None and first.ndim else 1
-
-
-def _head(inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return {k: v[:1] for k, v in inputs.items()}
-    if isinstance(inputs, list | tuple):
-        return type(inputs)(v[:1] for v in inputs)
-    return inputs[:1]
 
 
 def check_labels(loader: Any, outputs: Any, metric: str | None) -> None:

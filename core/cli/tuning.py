@@ -349,6 +349,7 @@ def quantize_command(
             held_out,
             held_out_from=held_out_from,
             metric=metric,
+            timing_batch=_latency_batch(kw.get("adaptor_options") or {}),
         )
         if min_fidelity is not None and fidelity.value < min_fidelity:
             raise ModelError(
@@ -365,6 +366,15 @@ def quantize_command(
     )
     if fidelity is not None:
         _print_fidelity(console, fidelity, model, written)
+
+
+def _latency_batch(options: dict[str, Any]) -> int:
+    """The batch latency-aware decisions are timed at (``latency_batch_size``, else one
+    sample): the fidelity check reports speed at the same batch."""
+    try:
+        return max(1, int(options.get("latency_batch_size") or 1))
+    except (TypeError, ValueError):
+        return 1  # the adaptor rejects the option itself, with its own message
 
 
 def _progress(console: Any, what: str) -> None:
@@ -426,7 +436,10 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     """Fidelity beside speedup and size; below the warning bound, said plainly."""
     from ..eval.fidelity import DEFAULT_WARN_BELOW
 
-    speed = f"{fidelity.speedup:.2f}x fp32 speed" if fidelity.speedup else "speed not measured"
+    speed = "speed not measured"
+    if fidelity.speedup:
+        batch = f" (batch {fidelity.timed_batch})" if fidelity.timed_batch else ""
+        speed = f"{fidelity.speedup:.2f}x fp32 speed{batch}"
     size = ""
     try:
         before, after = Path(model).stat().st_size, written.stat().st_size

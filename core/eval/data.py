@@ -30,6 +30,16 @@ def split_batch(item: Any) -> tuple[Any, Any]:
     return item, None
 
 
+def head(inputs: Any, count: int = 1) -> Any:
+    """The first ``count`` samples of a batch of inputs: an array, a mapping of arrays or
+    a sequence of arrays, each leading with the batch."""
+    if isinstance(inputs, Mapping):
+        return {name: value[:count] for name, value in inputs.items()}
+    if isinstance(inputs, list | tuple):
+        return type(inputs)(value[:count] for value in inputs)
+    return inputs[:count]
+
+
 def batch_size(inputs: Any) -> int:
     """Number of samples in a batch of inputs (leading dimension of the first array)."""
     if isinstance(inputs, Mapping):
