@@ -179,19 +179,19 @@ def fast_lookups(quantizer: Any) -> Iterator[None]:
             module.find_by_name = index.find
     holder: Any = getattr(quantizer, "model", None)
     graph_of = getattr(getattr(holder, "model", None), "graph", None)
-    if graph_of is not None and hasattr(holder, "get_initializer"):
-        owner = weakref.ref(holder)  # not a cycle through the holder's own attribute
+    owner = weakref.ref(holder) if graph_of is not None else None  # not a cycle through
+    # the holder's own attributes
+    if owner is not None and hasattr(holder, "get_initializer"):
 
         def get_initializer(name: str) -> Any:
             model = owner()
             return None if model is None else index.find(name, model.model.graph.initializer)
 
         holder.get_initializer = get_initializer
-    if graph_of is not None and callable(getattr(holder, "_check_init", None)):
-        owner_extend = weakref.ref(holder)
+    if owner is not None and callable(getattr(holder, "_check_init", None)):
 
         def initializer_extend(inits: Any) -> None:
-            model = owner_extend()
+            model = owner()
             if model is None:
                 return
             if len(inits) == 0:
