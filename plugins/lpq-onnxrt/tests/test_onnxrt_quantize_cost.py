@@ -14,6 +14,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxrt_testutil import KeepPredictions
 
+from lpq_onnxrt import batches
 from lpq_onnxrt import session as session_module
 from lpq_onnxrt.latency import fidelity
 
@@ -173,7 +174,7 @@ def test_large_error_batches_run_in_chunks_with_the_same_error(monkeypatch):
     whole = fidelity.output_error({}, feeds, fp32)(other)
     assert shapes == [(12, 6), (12, 6)]
     shapes.clear()
-    monkeypatch.setattr(fidelity, "CHUNK_BYTES", 5 * 6 * 4)  # 5 samples a piece
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 5 * 6 * 4)  # 5 samples a piece
     chunked = fidelity.output_error({}, feeds, fp32)(other)
     assert shapes == [(5, 6), (5, 6), (2, 6)] * 2
     assert chunked == whole

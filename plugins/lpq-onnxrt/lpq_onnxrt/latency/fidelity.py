@@ -35,10 +35,6 @@ PER_TENSOR_WEIGHT_RATIO = 3.0
 ERROR_BATCHES = 32
 #: Calibration feeds (whole chains) the output error of a streaming model is measured on.
 STREAM_FEEDS = 4 * ERROR_BATCHES
-#: A batch whose inputs take more than this many bytes runs in chunks of samples, where
-#: every sample's outputs are its own (see :mod:`lpq_onnxrt.batches`). Its own name here,
-#: so that the output error's chunks can be set apart from evaluation's.
-CHUNK_BYTES = batches.CHUNK_BYTES
 
 
 def weight_error_ratio(weight: np.ndarray) -> float:
@@ -172,7 +168,7 @@ class OutputError:
 
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             if chunked:
-                outputs = batches.run_in_chunks(lambda p: session.run(None, p), feed, CHUNK_BYTES)
+                outputs = batches.run_in_chunks(lambda p: session.run(None, p), feed)
                 if outputs is not None:
                     return outputs
             return list(session.run(None, dict(feed)))
