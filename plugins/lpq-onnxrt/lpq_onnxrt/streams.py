@@ -13,7 +13,7 @@ from names: an input is a state input when, in consecutive feeds, it equals (bit
 up to float rounding) one float output of the previous feed. A feed whose state is not
 what the previous feed returned (all zeros: a new stream) starts a new chain.
 
-:func:`find` returns the links and the chains; :func:`run_chains` runs a model over them
+:func:`find` returns the links and the chains; :func:`iter_chains` runs a model over them
 feeding its own state back, which is what :func:`lpq_onnxrt.latency.output_error` measures
 for such models.
 """
@@ -123,26 +123,16 @@ def _same(given: np.ndarray, returned: np.ndarray) -> bool:
     )
 
 
-def run_chains(
-    run: Runner,
-    feeds: Sequence[Feed],
-    links: Mapping[str, int],
-    chains: Sequence[Sequence[int]],
-) -> list[list[np.ndarray]]:
-    """Outputs of a model over ``chains`` of ``feeds``, each call after a chain's first fed
-    the state outputs (``links``: state input -> output index) of the model's own previous
-    call, not the recorded fp32 state."""
-    return list(iter_chains(run, feeds, links, chains))
-
-
 def iter_chains(
     run: Runner,
     feeds: Sequence[Feed],
     links: Mapping[str, int],
     chains: Sequence[Sequence[int]],
 ) -> Iterator[list[np.ndarray]]:
-    """:func:`run_chains` one call at a time: only the call a chain feeds its state from is
-    held (an output error compares each call's outputs and drops them)."""
+    """Outputs of a model over ``chains`` of ``feeds``, one call at a time, each call after
+    a chain's first fed the state outputs (``links``: state input -> output index) of the
+    model's own previous call, not the recorded fp32 state. Only the call a chain feeds its
+    state from is held (an output error compares each call's outputs and drops them)."""
     for chain in chains:
         previous: list[np.ndarray] | None = None
         for k in chain:

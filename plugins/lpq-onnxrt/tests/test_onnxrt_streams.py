@@ -140,20 +140,22 @@ def test_select_takes_whole_chains_evenly_spread():
     assert found.select(3) == [[0, 1, 2]]  # even one chain is too long: its start
 
 
-def test_run_chains_feeds_the_models_own_state_back():
+def test_iter_chains_feeds_the_models_own_state_back():
     model = _recurrent_model()
     feeds = _recorded_streams(model)
     found = streams.find(_run(model), feeds)
     assert found is not None
     # fp32 fed its own state reproduces the recording.
-    again = streams.run_chains(_run(model), feeds, found.links, found.chains)
+    again = list(streams.iter_chains(_run(model), feeds, found.links, found.chains))
     recorded = [_run(model)(feed) for feed in feeds]
     for got, want in zip(again, recorded, strict=True):
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     # A model whose state path is off carries its own (wrong) state: from a stream's third
     # chunk on, its outputs differ from those computed from the recorded state (its first
     # state is all zeros, which U does not change, so the second chunk's state is right).
-    drifted = streams.run_chains(_run(_recurrent_model(1.3)), feeds, found.links, found.chains)
+    drifted = list(
+        streams.iter_chains(_run(_recurrent_model(1.3)), feeds, found.links, found.chains)
+    )
     per_chunk = [_run(_recurrent_model(1.3))(feed) for feed in feeds]
     for k, (streamed, alone) in enumerate(zip(drifted, per_chunk, strict=True)):
         if k % CHUNKS < 2:
