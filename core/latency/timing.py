@@ -178,12 +178,6 @@ DEFAULT_BUDGET_S = 0.3
 CLEAR_Z = 3.0
 #: ... and at least this far (relative): nothing is decided closer than timing can resolve.
 CLEAR_MIN = 0.01
-#: A paired comparison still unclear at its budget runs up to this many times as long.
-#: Off (1.0): on PP-OCR cls at load 5-8 on 2 cores, 3x made most comparisons (near-ties)
-#: run 3x longer, and quantizing it cost 51 CPU s instead of 22. With scripted load
-#: drifting up to 6x per run-to-run (far beyond what the tests plan for) it raised
-#: identical plans from 9 to 19 of 20 (the old statistic: 6 of 20).
-UNCLEAR_EXTEND = 1.0
 #: The key of a paired comparison's pessimistic candidate seconds (see
 #: :func:`sequential_compare`).
 HIGH = "candidate_high"
@@ -226,12 +220,13 @@ def sequential_compare(
         if paired and edges and _clear(times["candidate"], times["current"], edges):
             break
         # The budget in idle-machine time (each model's fastest run so far): load must
-        # not cut a comparison short, or it is decided on a few spiky rounds. A paired
-        # comparison still unclear at its budget may go on, up to ``UNCLEAR_EXTEND``
-        # times as long.
+        # not cut a comparison short, or it is decided on a few spiky rounds. Not longer
+        # for a paired comparison still unclear at its budget: on PP-OCR cls at load 5-8
+        # on 2 cores, 3x as long made most comparisons (near-ties) run 3x longer and
+        # quantizing it cost 51 CPU s instead of 22 (with scripted load drifting up to 6x
+        # run to run it raised identical plans from 9 to 19 of 20).
         spent = rounds * sum(min(values) for values in times.values())
-        limit = budget_s * len(labels) * (UNCLEAR_EXTEND if paired and edges else 1.0)
-        if (spent >= budget_s * len(labels) and not (paired and edges)) or spent >= limit:
+        if spent >= budget_s * len(labels):
             break
     result = {label: quantile(values, 0.2) for label, values in times.items()}
     if paired:
