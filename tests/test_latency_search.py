@@ -527,6 +527,86 @@ def test_a_type_the_profile_predicts_much_slower_in_float_is_not_timed() -> None
     assert all(s.note is None for s in decide(backend).steps)
 
 
+def _tiny_adds(add_error: float) -> ModeBackend:
+    """Convs that int8 makes faster and Adds it leaves as fast, whose float move the
+    profile bounds at 1% of the model's time (the Convs' at 50%); ``add_error``: the
+    output error the Adds' int8 adds (the Convs add 0.1)."""
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=1.0)
+    backend = _without(
+        ModeBackend(
+            parts["ops"],
+            float_ms=parts["float_ms"],
+            quant_ms={"qdq": parts["q"]},
+            quant_error={"c1": 0.05, "c2": 0.05, "a1": add_error / 2, "a2": add_error / 2},
+        ),
+        "verdict",
+        "slowdown",
+    )
+    backend.rules = replace(backend.rules, least_gain=0.5, fidelity_max_ops=0)
+    backend.gain_bound = lambda names, c, k: 0.01 if names == ["a1", "a2"] else 0.5  # type: ignore[attr-defined]
+    return backend
+
+
+def test_a_type_that_cannot_win_by_the_margin_is_not_timed() -> None:
+    backend = _tiny_adds(add_error=0.001)
+    decision = decide(backend)
+    step = next(s for s in decision.steps if s.change == "qdq: Add (2 ops) -> float")
+    assert step.before_ms is None and not step.kept
+    assert "at most 1.0% faster" in (step.note or "")
+    # its output errors were read (a fidelity gain would have had it timed) ...
+    assert step.error_before is not None and step.error_after is not None
+    assert step.error_after > step.error_before * 0.9
+    # ... and it was never compared; the Convs (bound 50%) were
+    compared = {candidate[0] for _, candidate in backend.compared}
+    assert frozenset({"a1", "a2"}) not in compared
+    assert frozenset({"c1", "c2"}) in compared
+    # a bound at the threshold (half the 3% margin) is timed
+    backend.gain_bound = lambda names, c, k: 0.015  # type: ignore[attr-defined]
+    assert all(s.note is None for s in decide(backend).steps)
+
+
+def test_a_type_that_cannot_win_on_speed_is_timed_when_it_cuts_the_error() -> None:
+    """The Adds' int8 doubles the output error: back in float as fast, they are kept for
+    fidelity, which needs the timing that says "as fast"."""
+    backend = _tiny_adds(add_error=0.2)
+    decision = decide(backend)
+    step = next(s for s in decision.steps if s.change == "qdq: Add (2 ops) -> float")
+    assert step.note is None and step.before_ms is not None
+    assert step.kept and decision.keep_float == ["a1", "a2"]
+
+
+class _EdgesSeen(ModeBackend):
+    """A :class:`ModeBackend` that records the edges of every comparison."""
+
+    def compare(self, current: Candidate, candidate: Candidate, edges: Sequence[float]) -> Any:
+        self.edges_seen = [*getattr(self, "edges_seen", []), (candidate[0], tuple(edges))]
+        return super().compare(current, candidate, edges)
+
+
+@pytest.mark.parametrize(("add_error", "timed_twice"), [(0.001, False), (0.2, True)])
+def test_the_as_fast_edge_is_timed_only_for_a_change_that_cuts_the_error(
+    add_error: float, timed_twice: bool
+) -> None:
+    """A tie step decides "as fast" (1 + tie) only for a change that cuts the output
+    error: the timer is first given the other edges, and again with that one only when
+    the errors say it decides."""
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=1.0)
+    backend = _EdgesSeen(
+        parts["ops"],
+        float_ms=parts["float_ms"],
+        quant_ms={"qdq": parts["q"]},
+        quant_error={"c1": 0.05, "c2": 0.05, "a1": add_error / 2, "a2": add_error / 2},
+    )
+    backend.rules = replace(backend.rules, fidelity_max_ops=0)
+    decide(_without(backend, "verdict", "slowdown"))
+    adds = [edges for keep, edges in backend.edges_seen if keep == frozenset({"a1", "a2"})]
+    margin = backend.rules.margin
+    assert len(adds) == (2 if timed_twice else 1)
+    assert 1.0 + margin not in adds[0] and 1.0 - margin == adds[0][0]
+    if timed_twice:
+        assert 1.0 + margin in adds[1]
+
+
 def _blamed(costs: Any) -> ModeBackend:
     ops = [("c1", "Conv"), ("c2", "Conv"), ("f1", "Gemm"), ("f2", "Gemm")]
     backend = _without(

@@ -65,6 +65,18 @@ class Alternatives(Protocol):
 
 
 @runtime_checkable
+class GainBound(Protocol):
+    """Optional: at most how much faster (a share of its time) ``candidate`` could run
+    with ``names`` back in float, from its own profile (lpq-onnxrt: the time of their
+    nodes and the quantize/dequantize and float nodes beside them). An upper bound, not
+    a prediction: an op type under ``Rules.least_gain`` is not timed (step 4)."""
+
+    def gain_bound(
+        self, names: Sequence[str], candidate: Any, keep_float: frozenset[str]
+    ) -> float: ...
+
+
+@runtime_checkable
 class Comparer(Protocol):
     """Optional: times ``candidate`` against ``current`` itself (instead of
     :func:`decide`'s ``timer``); ``edges``: the thresholds on candidate / current the

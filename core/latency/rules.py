@@ -50,6 +50,10 @@ class Rules:
     fidelity_gain: float = 0.2
     #: (with slowdown()) an op type predicted this much slower in float stays quantized
     predicted_slower: float = 0.2
+    #: (with gain_bound()) an op type whose move to float can make the model faster by at
+    #: most this share of the margin stays quantized untimed, unless (with error()) it
+    #: cuts the output error enough to be kept for fidelity alone; None: always timed
+    least_gain: float | None = None
     #: keep every candidate built for the whole search (False: only each variant's plan
     #: as asked; large models then do not pile up in memory)
     keep_builds: bool = True

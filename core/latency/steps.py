@@ -23,7 +23,9 @@ The steps, and when each runs:
    faster. Without alternatives in the plan, the op latency table (:meth:`verdict`,
    optional) may find the type faster quantized, or the model's own profile
    (:meth:`slowdown`, optional) predict it ``Rules.predicted_slower`` slower in float:
-   then it stays quantized without a build or a timing;
+   then it stays quantized without a build or a timing; nor is it timed where that
+   profile bounds its gain under ``Rules.least_gain`` (:meth:`gain_bound`, optional) and
+   its output error (with :meth:`error`) does not fall by ``fidelity_noise``;
 5. blame rounds: the ops the backend's profiler blames (:meth:`Blamer.blame`, optional),
    up to ``Rules.blame_rounds`` rounds, each built on the last one that did not lose by
    the margin (moved float ops show new slow spots); the best round that wins is kept.
@@ -221,10 +223,44 @@ class _Search(Judge):
             if self.untimed(group, variant, current, keep, what):
                 continue
             candidate = self.build(trial, variant, self.alt)
+            if self.cannot_win(group, variant, current, keep, candidate, what):
+                continue
             plan = (trial, variant, self.alt)
             if self.better(current, candidate, what, plan, tie=self.margin).kept:
                 keep, current = trial, candidate
         return keep, current
+
+    def cannot_win(
+        self,
+        names: Sequence[str],
+        variant: str | None,
+        current: Any,
+        keep: frozenset[str],
+        candidate: Any,
+        what: str,
+    ) -> bool:
+        """True (stays quantized, recorded, not timed) when ``names`` back in float can
+        make ``current`` faster by at most ``Rules.least_gain`` of the margin
+        (:meth:`GainBound.gain_bound`; lpq-onnxrt: half of it, a change that cannot win
+        by the margin even if its bound is twice too low) and, with ``error``, ``candidate``
+        does not cut the output error by enough to be kept for fidelity alone (the
+        ``fidelity_noise`` share). Such near-ties were most of a search's timing: PP-OCRv4
+        rec timed its Sigmoid, Add, pooling and Concat ops in both formats, each at
+        x0.99-1.02 and each running to the timing budget, none kept."""
+        share = self.rules.least_gain
+        if share is None or self.gain_bound is None or self.alt:
+            return False
+        most = self.gain_bound(names, current, keep)
+        if most >= share * self.margin:
+            return False
+        said = f"at most {most:.1%} faster in float from the model's profile"
+        errors = None
+        if self.error is not None:
+            errors = self.errors(current), self.errors(candidate)
+            if errors[1] < errors[0] * (1.0 - self.rules.fidelity_noise):
+                return False  # may be kept for fidelity alone when as fast: timed
+        self._note(what, keep | frozenset(names), variant, said, errors)
+        return True
 
     def untimed(
         self,
@@ -253,7 +289,7 @@ class _Search(Judge):
             self._note(what, keep | frozenset(names), variant, told.describe())
             return True
         if told is not None and self.log is not None:
-            self.log(f"latency: {what}: {told.describe()}: timed in the model")
+            self.log(f"latency: {what}: {told.describe()}: not decided by the table")
         if self.slowdown is None:
             return False
         slower = self.slowdown(names, current, keep)

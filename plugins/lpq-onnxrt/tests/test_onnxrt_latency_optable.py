@@ -294,3 +294,81 @@ def test_a_type_the_profile_predicts_much_slower_in_fp32_is_not_timed(digits):
     assert any("Conv" in change for change in timed)
     assert decided.fp32_ops == []
     assert len(asked) == len(set(types.values()))
+
+
+def _chain_profile() -> tuple[onnx.ModelProto, dict[str, Any], dict[str, Any]]:
+    """fp32 x -> Conv c1 -> Sigmoid s1 -> Conv c2 -> y, and a profile of its int8 model
+    (ORT's optimized QDQ graph: QLinearConvs, the Sigmoid between a DequantizeLinear and
+    a QuantizeLinear) beside one of the fp32 model, per node in ms."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1_out"], name="c1"),
+        helper.make_node("Sigmoid", ["c1_out"], ["s1_out"], name="s1"),
+        helper.make_node("Conv", ["s1_out", "w2"], ["y"], name="c2"),
+    ]
+    fp32 = helper.make_model(helper.make_graph(nodes, "chain", [], []))
+    timed = blame._Timed
+    int8 = {
+        "q_in": timed("QuantizeLinear", ["x"], ["xq"], 1.0),
+        "c1_quant": timed("QLinearConv", ["xq"], ["c1q"], 4.0),
+        "dq1": timed("DequantizeLinear", ["c1q"], ["c1f"], 0.5),
+        "s1": timed("Sigmoid", ["c1f"], ["s1f"], 0.3),
+        "q2": timed("QuantizeLinear", ["s1f"], ["s1q"], 0.5),
+        "c2_quant": timed("QLinearConv", ["s1q"], ["c2q"], 4.0),
+        "dq_out": timed("DequantizeLinear", ["c2q"], ["y"], 0.7),
+    }
+    fp32_times = {
+        "c1": timed("Conv", ["x"], ["c1_out"], 4.0),
+        "s1": timed("Sigmoid", ["c1_out"], ["s1_out"], 0.5),
+        "c2": timed("Conv", ["s1_out"], ["y"], 4.0),
+    }
+    return fp32, int8, fp32_times
+
+
+@pytest.mark.parametrize(
+    ("quantized", "names", "spent"),
+    [
+        # the Sigmoid and the Q/DQ pair around it; the QLinearConvs are other ops'
+        (["c1", "s1", "c2"], ["s1"], 0.3 + 0.5 + 0.5),
+        # c1, the input's Q and the DQ after it; the Sigmoid is another quantized op's
+        (["c1", "s1", "c2"], ["c1"], 4.0 + 1.0 + 0.5),
+        # s1 a float op: ORT may fuse it with c1 once c1 is float (two steps away,
+        # through the DQ); the Q after it is three steps away and stays for c2
+        (["c1", "c2"], ["c1"], 4.0 + 1.0 + 0.5 + 0.3),
+        (["c1", "s1", "c2"], ["c1", "s1", "c2"], 11.0),
+    ],
+)
+def test_the_gain_bound_counts_an_ops_nodes_and_the_float_and_qdq_ones_beside_them(
+    monkeypatch, quantized, names, spent
+):
+    fp32, int8, fp32_times = _chain_profile()
+    monkeypatch.setattr(blame, "_node_times", lambda *a, **k: [int8, fp32_times])
+    profiler = blame.Profiler({}, {}, fp32, quantized)
+    model = onnx.ModelProto()
+    bound = profiler.gain_bound(names, model, frozenset())
+    assert bound == pytest.approx(spent / 11.0)
+    assert profiler.profiles == 1
+    profiler.gain_bound(names, model, frozenset())
+    assert profiler.profiles == 1  # one profile per model
+
+
+def test_the_gain_bound_is_at_least_the_int8_cost_the_profiler_blames(digits):
+    """On a real ORT profile of the all-int8 digits model: each op type's bound covers
+    its int8 cost (own nodes and its share of the Q/DQ beside them), and all types
+    together cover at least as much as any one."""
+    names = [n for n, _ in digits["ops"]]
+    profiler = blame.Profiler({}, FEED, digits["prepared"].model, names)
+    model = digits["build"](frozenset(), "qdq")
+    costs = profiler.costs(model, frozenset())
+    total = profiler._total
+    by_type: dict[str, list[str]] = {}
+    for name, op_type in digits["ops"]:
+        by_type.setdefault(op_type, []).append(name)
+    bounds = {t: profiler.gain_bound(group, model, frozenset()) for t, group in by_type.items()}
+    for op_type, group in by_type.items():
+        int8 = sum(costs[name][1] for name in group)
+        assert bounds[op_type] >= int8 / total - 1e-9, op_type
+    every = profiler.gain_bound(names, model, frozenset())
+    assert max(bounds.values()) <= every <= 1.0 + 1e-9
+    assert profiler.profiles == 1

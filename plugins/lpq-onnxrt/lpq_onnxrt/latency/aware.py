@@ -174,6 +174,7 @@ def _search(
         blame=blamer,
         verdict=getattr(blamer, "verdict", None),
         slowdown=getattr(blamer, "slowdown", None),
+        gain_bound=getattr(blamer, "gain_bound", None),
     )
     margin = float(options.get("latency_margin", backend.DEFAULT_MARGIN))
     with searched.sessions_lent():

@@ -58,6 +58,11 @@ FIDELITY_NOISE = 0.1
 #: band (``DYNAMIC_TIE``) any rule of the search could keep a change in.
 PREDICTED_SLOWER = 2 * DYNAMIC_TIE
 
+#: An op type whose move to fp32 can, by the current model's profile, make it faster by
+#: at most this share of the margin stays int8 untimed (unless it cuts the output error):
+#: half the margin, so a bound read twice too low still cannot win by the margin.
+LEAST_GAIN = 0.5
+
 #: The search's rules for ONNX Runtime: no clear-win shortcut (every plan is searched:
 #: a plan 1.5x faster than fp32 still gains from its slow op types), three blame rounds,
 #: no segments without a profiler, fp32 must beat the result by the margin, the tie and
@@ -76,6 +81,7 @@ RULES = Rules(
     fidelity_max_ops=FIDELITY_MAX_OPS,
     fidelity_gain=FIDELITY_GAIN,
     predicted_slower=PREDICTED_SLOWER,
+    least_gain=LEAST_GAIN,
     keep_builds=False,
 )
 
@@ -96,7 +102,8 @@ Blame = Callable[["onnx.ModelProto", frozenset[str]], list[str]]
 #: cannot decide (see :meth:`lpq_onnxrt.latency.blame.Profiler.verdict`).
 TableVerdict = Callable[[Sequence[str], str, "onnx.ModelProto", frozenset[str]], "Verdict | None"]
 #: How much slower a model would run with some ops (names) back in fp32, from its own
-#: per-node profile (see :meth:`lpq_onnxrt.latency.blame.Profiler.slowdown`).
+#: per-node profile (see :meth:`lpq_onnxrt.latency.blame.Profiler.slowdown`); and, of
+#: the same type, at most how much faster (:meth:`~.blame.Profiler.gain_bound`).
 Slowdown = Callable[[Sequence[str], "onnx.ModelProto", frozenset[str]], float]
 
 
@@ -108,9 +115,9 @@ class OrtBackend:
     itself); ``ops``: the static ops (name, op type); ``feed``: the measuring input;
     ``formats``: the formats allowed, the default first; ``timer``: an ORT timer (or a
     scripted one); ``dynamic``: static ops that may run dynamically quantized; ``error``:
-    a model's output error against fp32; ``blame``, ``verdict``, ``slowdown``: the
-    profiler's (see :class:`.blame.Profiler`). Any of the last four may be None: that
-    step does not run."""
+    a model's output error against fp32; ``blame``, ``verdict``, ``slowdown``,
+    ``gain_bound``: the profiler's (see :class:`.blame.Profiler`). Any of the last five
+    may be None: that step does not run."""
 
     variant_name = "format"
     alternative_name = "dynamic int8"
@@ -130,6 +137,7 @@ class OrtBackend:
         blame: Blame | None = None,
         verdict: TableVerdict | None = None,
         slowdown: Slowdown | None = None,
+        gain_bound: Slowdown | None = None,
     ) -> None:
         self._build, self.fp32_model, self._ops = build, fp32_model, list(ops)
         self.feed, self.formats, self.timer = dict(feed), tuple(formats), timer
@@ -138,6 +146,7 @@ class OrtBackend:
         self.blame = blame
         self.verdict = verdict
         self.slowdown = slowdown
+        self.gain_bound = gain_bound
         self._compare = sequential(timer, self.feed)
 
     @contextlib.contextmanager

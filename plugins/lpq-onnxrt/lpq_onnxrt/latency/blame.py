@@ -106,6 +106,8 @@ class Profiler:
         }
         # The last profiled model (by identity) and its per-op (fp32 ms, int8 ms).
         self._last: tuple[onnx.ModelProto, dict[str, tuple[float, float]]] | None = None
+        #: the last profiled model's nodes and the quantized op each computes (or None)
+        self._nodes: tuple[Mapping[str, _Timed], Mapping[str, str | None]] = ({}, {})
         #: the last profiled model's time: the sum of its nodes' medians (ms)
         self._total = 0.0
         self.profiles = 0
@@ -123,9 +125,14 @@ class Profiler:
         times, fp32_times = _node_times([model, self.fp32_model], self.options, self.feed)
         self.profiles += 1
         self._total = sum(timed.ms for timed in times.values())
-        int8_cost = _attribute(times, quantized, self.by_output, with_qdq=True)
+        owners = _owners(times, quantized, self.by_output)
+        self._nodes = (times, owners)
+        int8_cost = _attribute(times, owners, quantized, with_qdq=True)
         fp32_cost = _attribute(
-            fp32_times, quantized, self.by_output, with_qdq=False, upstream=self.upstream
+            fp32_times,
+            _owners(fp32_times, quantized, self.by_output, self.upstream),
+            quantized,
+            with_qdq=False,
         )
         costs = {name: (fp32_cost.get(name, 0.0), int8_cost.get(name, 0.0)) for name in quantized}
         self._last = (model, costs)
@@ -167,6 +174,25 @@ class Profiler:
         costs = self.costs(model, fp32_ops)
         delta = sum(costs[name][0] - costs[name][1] for name in names if name in costs)
         return delta / self._total if self._total > 0 else 0.0
+
+    def gain_bound(
+        self, names: Sequence[str], model: onnx.ModelProto, fp32_ops: frozenset[str]
+    ) -> float:
+        """At most how much faster ``model`` could run with ``names`` back in fp32, as a
+        share of its time, read off its profile (profiled once per model): the time of
+        their own nodes and of every node that is no quantized op's (quantize/dequantize
+        steps, float ops) up to two steps from them: all the nodes such a change can
+        remove or fuse (a Q/DQ pair that goes, a float neighbour ORT may fuse with an op
+        once both are float), as if the ops cost nothing in fp32. The search
+        (:func:`lpq.latency.decide`) does not time a change whose bound is under
+        ``Rules.least_gain`` of the margin: it cannot win by it."""
+        self.costs(model, fp32_ops)
+        times, owners = self._nodes
+        wanted = set(names)
+        own = {node for node, owner in owners.items() if owner in wanted}
+        near = _neighbours(times, own, through=lambda node: owners.get(node) is None, steps=2)
+        spent = sum(times[node].ms for node in own | near)
+        return spent / self._total if self._total > 0 else 0.0
 
     def _record(self, model: onnx.ModelProto, costs: Mapping[str, tuple[float, float]]) -> None:
         if self.parts is None:
@@ -296,35 +322,70 @@ def _owner(
     return None
 
 
-def _attribute(
+def _owners(
     times: Mapping[str, _Timed],
     ops: Sequence[str],
     by_output: Mapping[str, str],
-    *,
-    with_qdq: bool,
     upstream: Mapping[str, str] | None = None,
-) -> dict[str, float]:
-    """Per op: the time of its own nodes, plus (int8) its share of adjacent Q/DQ nodes.
+) -> dict[str, str | None]:
+    """Per node: the op of ``ops`` it computes (see :func:`_owner`); None for Q/DQ nodes
+    and nodes of no such op. ``by_output`` maps fp32 tensor names to the op that writes
+    them."""
+    return {
+        name: None if timed.op_type in _QDQ else _owner(name, timed, ops, by_output, upstream)
+        for name, timed in times.items()
+    }
 
-    ``by_output`` maps fp32 tensor names to the op that writes them.
-    """
-    cost: dict[str, float] = dict.fromkeys(ops, 0.0)
-    owners: dict[str, str | None] = {}
-    for name, timed in times.items():
-        if timed.op_type in _QDQ:
-            owners[name] = None
-            continue
-        owner = _owner(name, timed, ops, by_output, upstream)
-        owners[name] = owner
-        if owner is not None:
-            cost[owner] += timed.ms
-    if not with_qdq:
-        return cost
+
+def _wiring(times: Mapping[str, _Timed]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Each tensor's producing node and its consuming nodes."""
     producer = {out: name for name, t in times.items() for out in t.outputs}
     consumers: dict[str, list[str]] = {}
     for name, timed in times.items():
         for tensor in timed.inputs:
             consumers.setdefault(tensor, []).append(name)
+    return producer, consumers
+
+
+def _neighbours(
+    times: Mapping[str, _Timed],
+    start: set[str],
+    through: Callable[[str], bool],
+    steps: int,
+) -> set[str]:
+    """The nodes for which ``through`` holds up to ``steps`` edges from ``start`` (either
+    way), reached only through such nodes; ``start`` itself not included."""
+    producer, consumers = _wiring(times)
+    found: set[str] = set()
+    frontier = set(start)
+    for _ in range(steps):
+        reached: set[str] = set()
+        for node in frontier:
+            timed = times[node]
+            reached.update(producer[t] for t in timed.inputs if t in producer)
+            reached.update(n for t in timed.outputs for n in consumers.get(t, []))
+        frontier = {n for n in reached if n not in start and n not in found and through(n)}
+        found |= frontier
+    return found
+
+
+def _attribute(
+    times: Mapping[str, _Timed],
+    owners: Mapping[str, str | None],
+    ops: Sequence[str],
+    *,
+    with_qdq: bool,
+) -> dict[str, float]:
+    """Per op: the time of its own nodes (``owners``: see :func:`_owners`), plus (int8)
+    its share of adjacent Q/DQ nodes."""
+    cost: dict[str, float] = dict.fromkeys(ops, 0.0)
+    for name, timed in times.items():
+        owner = owners.get(name)
+        if owner is not None:
+            cost[owner] += timed.ms
+    if not with_qdq:
+        return cost
+    producer, consumers = _wiring(times)
     for timed in times.values():
         if timed.op_type not in _QDQ:
             continue
