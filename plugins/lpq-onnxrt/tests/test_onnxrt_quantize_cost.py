@@ -370,3 +370,39 @@ def test_the_backend_lends_the_timers_sessions_while_the_search_runs():
     )
     with scripted.sessions_lent():
         assert error.sessions is None
+
+
+def test_output_errors_are_measured_on_at_most_32_samples_in_batches_of_8():
+    """Two calibration batches of 32 (64 samples) of a model with a batch axis: the
+    error runs on every other sample, 32 in all, in four batches of 8, in order."""
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.normal(0, 1, (32, 6)).astype(np.float32)} for _ in range(2)]
+    chosen = fidelity.sample_rows(feeds)
+    assert [feed["x"].shape for feed in chosen] == [(8, 6)] * 4
+    every = np.concatenate([feed["x"] for feed in feeds])
+    np.testing.assert_array_equal(np.concatenate([f["x"] for f in chosen]), every[::2])
+    # uneven batches: evenly spaced over all samples all the same
+    uneven = [{"x": every[:40]}, {"x": every[40:45]}, {"x": every[45:]}]
+    np.testing.assert_array_equal(
+        np.concatenate([f["x"] for f in fidelity.sample_rows(uneven)]), every[::2]
+    )
+    # as they are: few samples, or inputs that are not one batch of samples
+    few = _feeds(3)
+    assert [f["x"].shape for f in fidelity.sample_rows(few)] == [(4, 6)] * 3
+    mixed = [{"x": every[:40], "mask": np.ones((1, 6), np.float32)}]
+    assert fidelity.sample_rows(mixed)[0]["x"].shape == (40, 6)
+
+
+def test_error_feeds_cut_batches_into_samples_only_where_the_model_has_a_batch_axis():
+    import lpq
+
+    rng = np.random.default_rng(4)
+    batches_of_32 = [{"x": rng.normal(0, 1, (32, 6)).astype(np.float32)} for _ in range(3)]
+    cfg = lpq.TuneConfig(ops={}, calib_sampling_size=1000)
+    feeds, found = fidelity.error_feeds(_two_outputs(), cfg, batches_of_32)
+    assert found is None and sum(len(f["x"]) for f in feeds) == fidelity.ERROR_SAMPLES
+    fixed = _two_outputs()
+    for value in [*fixed.graph.input, *fixed.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_value = 32
+    feeds, _ = fidelity.error_feeds(fixed, cfg, batches_of_32)
+    assert sum(len(f["x"]) for f in feeds) == 96  # a fixed batch stays whole
