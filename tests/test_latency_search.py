@@ -607,6 +607,27 @@ def test_the_as_fast_edge_is_timed_only_for_a_change_that_cuts_the_error(
         assert 1.0 + margin in adds[1]
 
 
+def test_only_a_blame_round_is_timed_against_the_loss_that_ends_the_rounds() -> None:
+    """1 + margin (a blame round that loses by it ends the rounds) decides nothing for a
+    format or the final step: a near-tie about 1.0 is not timed against it there."""
+    parts = _chain(c1=0.5, c2=0.5, a1=1.0, a2=1.0)
+    quant = {"qdq": parts["q"], "qop": parts["q"]}
+    backend = _EdgesSeen(parts["ops"], float_ms=parts["float_ms"], quant_ms=quant)
+    backend.blame = lambda candidate, keep: ["a1"]  # type: ignore[attr-defined]
+    decision = decide(_without(backend, "error", "verdict", "slowdown"))
+    margin = backend.rules.margin
+    edges = dict(
+        zip(
+            [s.change for s in decision.steps if s.before_ms is not None],
+            [e for _, e in backend.edges_seen],
+            strict=True,
+        )
+    )
+    assert 1.0 + margin not in edges["format qdq -> qop"]
+    assert 1.0 + margin not in edges["result -> every op float"]
+    assert 1.0 + margin in edges["qdq: 1 ops the profiler blames -> float"]
+
+
 def _blamed(costs: Any) -> ModeBackend:
     ops = [("c1", "Conv"), ("c2", "Conv"), ("f1", "Gemm"), ("f2", "Gemm")]
     backend = _without(

@@ -98,15 +98,17 @@ class Judge:
             del self._errors[next(iter(self._errors))]
         return found[1]
 
-    def edges(self, need: float, tie: float, as_fast: bool = True) -> tuple[float, ...]:
+    def edges(
+        self, need: float, tie: float, as_fast: bool = True, loss: bool = False
+    ) -> tuple[float, ...]:
         """The thresholds on candidate / current the rules decide by, the deciding one
         first (then: the clear win a less faithful change needs; with ``tie``, "a little
-        slower" and, with ``as_fast``, "as fast"; without, the loss that ends the blame
-        rounds)."""
+        slower" and, with ``as_fast``, "as fast"; with ``loss``, the loss that ends the
+        blame rounds)."""
         found: tuple[float, ...] = (1.0 - need, 1.0 - self.rules.tie)
-        if tie <= 0:
-            return (*found, 1.0 + self.margin)
-        return (*found, *((1.0 + tie,) if as_fast else ()), 1.0 + max(tie, self.rules.tie))
+        if tie > 0:
+            found += (*((1.0 + tie,) if as_fast else ()), 1.0 + max(tie, self.rules.tie))
+        return (*found, 1.0 + self.margin) if loss else found
 
     def better(
         self,
@@ -117,11 +119,15 @@ class Judge:
         *,
         need: float | None = None,
         tie: float = 0.0,
+        loss: bool = False,
     ) -> Step:
         """Whether ``candidate`` (``plan``: its float ops, variant, alternative ops) beats
         ``current``: faster by ``need`` (default the margin) at the timer's pessimistic
         bound and, with ``error``, not much less faithful; or, with ``tie``, about as fast
-        and more faithful. Recorded and logged."""
+        and more faithful. Recorded and logged. ``loss``: the caller also reads whether
+        the candidate lost by the margin (the timer is told that edge too; elsewhere a
+        near-tie about 1.0 was timed against it for nothing: ddddocr rec's format step at
+        x1.016 ran to its budget twice)."""
         need = self.margin if need is None else need
         rules = self.rules
         # With error and a tie, "as fast" (1 + tie) decides only a change that cuts the
@@ -129,7 +135,7 @@ class Judge:
         # (none of PP-OCRv4 rec's or ddddocr rec's op types; near-ties about 1.0 ran to
         # the timing budget against it).
         later = self.error is not None and tie > 0
-        found = self.compare(current, candidate, self.edges(need, tie, as_fast=not later))
+        found = self.compare(current, candidate, self.edges(need, tie, not later, loss))
         errors = None
         if self.error is not None and (
             found.high < 1.0 - need or (tie > 0 and found.high <= 1.0 + max(tie, rules.tie))
@@ -137,7 +143,7 @@ class Judge:
             errors = self.errors(current), self.errors(candidate)
             gains = errors[1] < errors[0] * (1.0 - rules.fidelity_noise)
             if later and gains and found.high >= 1.0 - need:
-                found = self.compare(current, candidate, self.edges(need, tie))
+                found = self.compare(current, candidate, self.edges(need, tie, True, loss))
         high = found.high
         kept = high < 1.0 - need
         keep, variant, alt = plan

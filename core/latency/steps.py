@@ -321,7 +321,7 @@ class _Search(Judge):
             trial = keep | frozenset(suspects)
             candidate = self.build(trial, variant, self.alt)
             what = f"{self.prefix(variant)}{len(suspects)} ops the profiler blames -> float"
-            step = self.better(against, candidate, what, (trial, variant, self.alt))
+            step = self.better(against, candidate, what, (trial, variant, self.alt), loss=True)
             if step.kept:
                 found, against = (trial, candidate), candidate
             elif (step.after_ms or 0.0) > (step.before_ms or 0.0) * (1.0 + self.margin):
