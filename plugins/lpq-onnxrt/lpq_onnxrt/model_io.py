@@ -416,6 +416,10 @@ def _prepare(model: Any, key: str) -> PreparedModel:
     rewrites = simplify(optimized)
     if rewrites:
         log.info("simplified %d op chains (affine folds, HardSwish)", rewrites)
+    # Inferred detached again: shape inference serializes the whole model (ddddocr rec's
+    # 51 MB of conv weights, 0.3 s); the shape tensors it reads are far under 1 MB and
+    # stay in the graph (weights.MIN_BYTES).
+    optimized, blobs = weights.detach(optimized, blobs=blobs)
     optimized = infer_shapes(optimized)
     weights.attach(optimized, blobs)
     prepared = PreparedModel(
