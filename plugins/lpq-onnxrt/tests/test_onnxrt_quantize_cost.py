@@ -362,8 +362,16 @@ def test_the_backend_lends_the_timers_sessions_while_the_search_runs():
     backend = OrtBackend(
         lambda *_: fp32, fp32, [], feeds[0], formats=("qdq",), timer=timer, error=error
     )
+    other = _two_outputs(scale=2.0)
+    timer({"current": fp32, "candidate": other}, feeds[0])
     with backend.sessions_lent():
-        assert error.sessions == timer.session_for
+        assert error.sessions is not None
+        assert error.sessions(fp32) is timer.session_for(fp32) is not None
+        assert error.sessions(other) is timer.session_for(other) is not None
+        # a model the timer has not timed: its session is made after the timer drops
+        # every session but the one last lent
+        assert error.sessions(_two_outputs(scale=3.0)) is None
+        assert timer.session_for(fp32) is None and timer.session_for(other) is not None
     assert error.sessions is None
     scripted = OrtBackend(
         lambda *_: fp32, fp32, [], feeds[0], formats=("qdq",), timer=lambda *a: {}, error=error

@@ -77,6 +77,17 @@ class OrtTimer:
         kept = self._kept.get(id(model))
         return kept[1] if kept is not None and kept[0] is model else None
 
+    def keep_only(self, model: onnx.ModelProto | None) -> None:
+        """Drop the kept sessions of every model but ``model`` (by identity; None: all),
+        before a session is made outside the timer (see
+        :meth:`lpq_onnxrt.latency.backend.OrtBackend.sessions_lent`)."""
+        from ..session import release_freed_memory
+
+        kept = {key: item for key, item in self._kept.items() if item[0] is model}
+        if len(kept) < len(self._kept):
+            self._kept = kept
+            release_freed_memory()
+
     def release(self) -> None:
         """Drop the kept sessions (before a profile, and when the search ends)."""
         from ..session import release_freed_memory
