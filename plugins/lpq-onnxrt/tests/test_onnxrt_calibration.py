@@ -374,7 +374,7 @@ def test_the_probe_fetches_tensors_in_groups_within_the_budget(monkeypatch) -> N
     """Sizes are probed in a few runs (declared or inferred shapes pack the groups), not one
     run per tensor, and the plan sees every tensor's real size; a tensor of unknown shape
     is probed on its own."""
-    from onnx import shape_inference
+    from onnx import helper, shape_inference
 
     from lpq_onnxrt.calibration import collect as calibration
 
@@ -411,8 +411,19 @@ def test_the_probe_fetches_tensors_in_groups_within_the_budget(monkeypatch) -> N
     runs.clear()
     monkeypatch.setattr(calibration, "_inferred_bytes", lambda *args: {})
     collect_statistics(bare, names, [{"x": x}], memory_budget_bytes=1 << 20)
-    # the graph output's shape is declared; the others, unknown: one at a time
-    assert runs[:3] == [["y"], ["h_b"], ["r"]]
+    # the graph output's shape is declared; the others, unknown: one first, then a
+    # group twice as large while it fits the budget by the sizes seen
+    assert runs[:3] == [["y"], ["h_b"], ["r"]]  # the last one left
+    runs.clear()
+    wide = [f"t{k}" for k in range(9)]
+    for k, name in enumerate(wide):  # nine unknown tensors of 64 bytes a sample
+        node = helper.make_node("Identity", ["h_b"], [name], name=f"copy{k}")
+        bare.graph.node.append(node)
+    collect_statistics(bare, wide, [{"x": x}], memory_budget_bytes=1 << 20)
+    assert [len(run) for run in runs[:4]] == [1, 2, 4, 2]
+    runs.clear()
+    collect_statistics(bare, wide, [{"x": x}], memory_budget_bytes=2 * 64 * 2)
+    assert [len(run) for run in runs[:5]] == [1, 2, 2, 2, 2]  # 2 x 64 x 2 fits two
 
 
 def test_memory_budget_knob(monkeypatch) -> None:
