@@ -10,7 +10,7 @@ names adaptors import (``lpq.latency`` re-exports them too):
 - :mod:`lpq.latency.rules`: :class:`Rules`, the numbers it decides by;
 - :mod:`lpq.latency.backend`: what it asks a framework (:class:`Backend`) and the
   optional methods that turn on further steps (:class:`Variants`,
-  :class:`Alternatives`, :class:`Blamer`, :class:`Comparer`);
+  :class:`Alternatives`, :class:`Blamer`, :class:`Comparer`, :class:`GainBound`);
 - :mod:`lpq.latency.comparers`: the default timing of a comparison
   (:func:`runner_timer`, :func:`pooled`);
 - :mod:`lpq.latency.decision`: its records, :class:`Decision` and :class:`Step`, and
@@ -24,7 +24,7 @@ names adaptors import (``lpq.latency`` re-exports them too):
 from __future__ import annotations
 
 from .adaptor import announce, enabled
-from .backend import Alternatives, Backend, Blamer, Comparer, Variants
+from .backend import Alternatives, Backend, Blamer, Comparer, GainBound, Variants
 from .comparers import REMEASURE, Compare, Timer, pooled, runner_timer
 from .decision import Decision, Step
 from .rules import BLAME_ROUNDS, CLEAR_WIN, DEFAULT_MARGIN, Rules
@@ -43,6 +43,7 @@ __all__ = [
     "Comparer",
     "Comparison",
     "Decision",
+    "GainBound",
     "Rules",
     "Run",
     "Step",
