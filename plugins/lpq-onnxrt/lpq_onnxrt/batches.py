@@ -59,6 +59,13 @@ def runs_in_chunks(model: onnx.ModelProto) -> bool:
     return shares_batch_axis(model) and not batch_wide(model)
 
 
+def shared_batch(feed: Mapping[str, Any]) -> int | None:
+    """The first-axis size every input of ``feed`` shares; None when an input is a scalar
+    or two differ (not one batch of samples)."""
+    sizes = {np.shape(value)[0] if np.ndim(value) else -1 for value in feed.values()}
+    return int(sizes.pop()) if len(sizes) == 1 and -1 not in sizes else None
+
+
 def batch_chunks(
     feed: Mapping[str, Any], limit: int | None = None
 ) -> list[dict[str, np.ndarray]] | None:
@@ -67,12 +74,9 @@ def batch_chunks(
     its inputs do not share a batch size."""
     limit = CHUNK_BYTES if limit is None else limit
     arrays = {name: np.asarray(value) for name, value in feed.items()}
-    sizes = {array.shape[0] if array.ndim else -1 for array in arrays.values()}
+    count = shared_batch(arrays)
     total = sum(array.nbytes for array in arrays.values())
-    if len(sizes) != 1 or total <= limit:
-        return None
-    (count,) = sizes
-    if count <= 1:
+    if count is None or total <= limit or count <= 1:
         return None
     step = max(1, int(limit * count // total))
     return [

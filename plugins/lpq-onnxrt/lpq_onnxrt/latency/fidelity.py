@@ -75,12 +75,10 @@ def sample_rows(
     """At most ``count`` samples (rows of the first axis) of ``feeds``, evenly spaced over
     all of them, in batches of ``rows``; ``feeds`` as they are where they hold no more,
     or where a feed's inputs differ in their first axis (not one batch of samples)."""
-    sizes: list[int] = []
-    for feed in feeds:
-        firsts = {np.shape(value)[0] if np.ndim(value) else -1 for value in feed.values()}
-        if len(firsts) != 1 or -1 in firsts:
-            return [dict(feed) for feed in feeds]
-        sizes.append(int(firsts.pop()))
+    found = [batches.shared_batch(feed) for feed in feeds]
+    sizes = [size for size in found if size is not None]
+    if len(sizes) < len(found):
+        return [dict(feed) for feed in feeds]
     total = sum(sizes)
     if total <= count:
         return [dict(feed) for feed in feeds]
