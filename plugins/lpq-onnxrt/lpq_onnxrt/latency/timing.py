@@ -77,13 +77,14 @@ class OrtTimer:
         kept = self._kept.get(id(model))
         return kept[1] if kept is not None and kept[0] is model else None
 
-    def keep_only(self, model: onnx.ModelProto | None) -> None:
-        """Drop the kept sessions of every model but ``model`` (by identity; None: all),
+    def keep_only(self, *models: onnx.ModelProto | None) -> None:
+        """Drop the kept sessions of every model but ``models`` (by identity), giving
+        their memory back: before a comparison (its two models' sessions stay), and
         before a session is made outside the timer (see
         :meth:`lpq_onnxrt.latency.backend.OrtBackend.sessions_lent`)."""
         from ..session import release_freed_memory
 
-        kept = {key: item for key, item in self._kept.items() if item[0] is model}
+        kept = {key: item for key, item in self._kept.items() if any(item[0] is m for m in models)}
         if len(kept) < len(self._kept):
             self._kept = kept
             release_freed_memory()
@@ -101,7 +102,7 @@ class OrtTimer:
         feed: Mapping[str, np.ndarray],
         edges: Sequence[float] = (),
     ) -> dict[str, float]:
-        from ..session import create_session, release_freed_memory
+        from ..session import create_session
 
         feeds = dict(feed)
         # With parallel tuning workers: the machine to ourselves, every core (sessions
@@ -111,11 +112,7 @@ class OrtTimer:
             # candidate) go before any new one is made: ddddocr rec's final comparison
             # made the fp32 session beside the current model's and the last candidate's
             # (each about 0.1 GB).
-            wanted = {id(proto) for proto in models.values()}
-            dropped = len(self._kept)
-            self._kept = {key: kept for key, kept in self._kept.items() if key in wanted}
-            if len(self._kept) < dropped:
-                release_freed_memory()
+            self.keep_only(*models.values())
             sessions: dict[str, Any] = {}
             for label, proto in models.items():
                 kept = self._kept.get(id(proto))
