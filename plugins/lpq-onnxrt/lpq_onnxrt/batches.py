@@ -10,7 +10,9 @@ output error (:mod:`lpq_onnxrt.latency.fidelity`) and by evaluation
 
 The check is on the graph's declared shapes: a model that mixes samples some other way
 (a reduction over the batch axis, broadcast back) while declaring one batch axis is not
-told apart; inference graphs do not do that.
+told apart; inference graphs do not do that. Where the declared shapes do not say (an
+exporter that names the output's batch axis apart from the input's, as paddle2onnx does),
+:func:`has_batch_axis` runs two samples alone and together to see.
 """
 
 from __future__ import annotations
@@ -45,6 +47,68 @@ def shares_batch_axis(model: onnx.ModelProto) -> bool:
             return False
         names.add(dims[0].dim_param)
     return len(names) == 1
+
+
+#: :func:`rows_are_samples`: a row run alone and in a pair may differ by this much of its
+#: L2 norm (ORT may pick other kernels for another batch size: float rounding only).
+ROW_TOLERANCE = 1e-3
+
+
+def has_batch_axis(
+    model: onnx.ModelProto,
+    run: Callable[[dict[str, np.ndarray]], Sequence[Any]],
+    feed: Mapping[str, Any],
+) -> bool:
+    """Whether ``model``'s first axis is a batch of samples, each with outputs of its own:
+    declared (:func:`shares_batch_axis`), or, where every input's first axis is free
+    but the outputs name theirs apart, seen by running ``feed``'s first samples
+    (:func:`rows_are_samples`; ``run`` runs the model and returns all its outputs).
+    PP-OCRv4 det declares its input's batch axis and its output's with different names."""
+    if shares_batch_axis(model):
+        return True
+    weights = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value > 0):
+            return False  # a fixed batch (or none): not cut
+    return rows_are_samples(run, feed)
+
+
+def rows_are_samples(
+    run: Callable[[dict[str, np.ndarray]], Sequence[Any]], feed: Mapping[str, Any]
+) -> bool:
+    """Whether ``run`` gives ``feed``'s first two samples (rows of every input) outputs
+    of their own: run together, every output has two rows, each the output of its
+    sample run alone (to :data:`ROW_TOLERANCE`). False where ``feed`` holds fewer than
+    two samples or the model refuses a batch of one or two."""
+    count = shared_batch(feed)
+    if count is None or count < 2:
+        return False
+    arrays = {name: np.asarray(value) for name, value in feed.items()}
+    try:
+        pair = [np.asarray(v) for v in run({n: a[:2] for n, a in arrays.items()})]
+        alone = [
+            [np.asarray(v) for v in run({n: a[row : row + 1] for n, a in arrays.items()})]
+            for row in (0, 1)
+        ]
+    except Exception:  # ORT refuses the batch size: a batch it cannot cut
+        return False
+    for index, both in enumerate(pair):
+        for row, outputs in enumerate(alone):
+            one = outputs[index]
+            if both.ndim == 0 or both.shape[0] != 2 or one.shape != (1, *both.shape[1:]):
+                return False
+            if not np.issubdtype(both.dtype, np.floating):
+                if not np.array_equal(both[row : row + 1], one):
+                    return False
+                continue
+            wide = one.astype(np.float64)
+            gap = np.linalg.norm(both[row : row + 1].astype(np.float64) - wide)
+            if gap > ROW_TOLERANCE * max(float(np.linalg.norm(wide)), 1e-30):
+                return False
+    return True
 
 
 def batch_wide(model: onnx.ModelProto) -> bool:

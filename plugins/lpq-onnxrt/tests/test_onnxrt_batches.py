@@ -143,6 +143,80 @@ def test_which_models_run_in_chunks():
     assert not batches.runs_in_chunks(dynamic)
 
 
+def _runner(model: onnx.ModelProto, calls: list[int] | None = None) -> Any:
+    """``run(feed)``: ``model``'s outputs in an ORT session (the batch size of each run
+    appended to ``calls``)."""
+    from lpq_onnxrt.session import create_session
+
+    session = create_session(model, {})
+
+    def run(feed: dict[str, np.ndarray]) -> list[Any]:
+        if calls is not None:
+            calls.append(len(feed["x"]))
+        return list(session.run(None, feed))
+
+    return run
+
+
+def test_a_batch_axis_named_apart_is_seen_by_running_two_samples():
+    """An exporter that names the output's batch axis apart from the input's (paddle2onnx:
+    PP-OCRv4 det): the axis is not declared, but two samples run alone give the rows of
+    the two run together."""
+    model = _conv()
+    model.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
+    feed = {"x": _batch(5)}
+    assert not batches.shares_batch_axis(model)
+    calls: list[int] = []
+    assert batches.has_batch_axis(model, _runner(model, calls), feed)
+    assert sorted(calls) == [1, 1, 2]  # two samples together, then each alone
+    # Declared: nothing run.
+    declared: list[int] = []
+    assert batches.has_batch_axis(_conv(), _runner(_conv(), declared), feed) and not declared
+
+
+def _centred(over_batch: bool) -> onnx.ModelProto:
+    """x minus its mean over the batch axis (``over_batch``), or over each sample's
+    channels; the output's batch axis named apart from the input's."""
+    axes = [0] if over_batch else [1]
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=axes, keepdims=1, name="mean"),
+            helper.make_node("Sub", ["x", "m"], ["y"], name="centre"),
+        ],
+        "centred",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 3, 8, 8])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_model_that_mixes_samples_has_no_batch_axis():
+    """Centred over the batch: one sample's output depends on the others, so a batch may
+    not run in pieces, whatever the shapes say. Centred per sample: it may."""
+    mixing = _centred(over_batch=True)
+    assert not batches.has_batch_axis(mixing, _runner(mixing), {"x": _batch(4)})
+    own = _centred(over_batch=False)
+    assert batches.has_batch_axis(own, _runner(own), {"x": _batch(4)})
+
+
+def test_a_fixed_batch_or_one_sample_is_not_run_to_see():
+    def refuse(feed: dict[str, np.ndarray]) -> list[Any]:
+        raise AssertionError("a fixed batch is not run")
+
+    fixed = _conv(10)
+    fixed.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "M"
+    assert not batches.has_batch_axis(fixed, refuse, {"x": _batch(10)})
+    named_apart = _conv()
+    named_apart.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
+    assert not batches.has_batch_axis(named_apart, refuse, {"x": _batch(1)})
+
+    # A model ORT refuses a batch of one or two: not cut (no error).
+    def fail(feed: dict[str, np.ndarray]) -> list[Any]:
+        raise RuntimeError("Got invalid dimensions for input: x")
+
+    assert not batches.rows_are_samples(fail, {"x": _batch(4)})
+
+
 def test_evaluation_runs_a_large_batch_in_chunks_with_the_same_outputs(monkeypatch):
     data = [_batch(10, seed=1), _batch(3, seed=2)]
     whole, whole_runs = _evaluate(_conv(), data, monkeypatch)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxrt_testutil import KeepPredictions
 
@@ -407,10 +408,41 @@ def test_error_feeds_cut_batches_into_samples_only_where_the_model_has_a_batch_a
     rng = np.random.default_rng(4)
     batches_of_32 = [{"x": rng.normal(0, 1, (32, 6)).astype(np.float32)} for _ in range(3)]
     cfg = lpq.TuneConfig(ops={}, calib_sampling_size=1000)
-    feeds, found = fidelity.error_feeds(_two_outputs(), cfg, batches_of_32)
-    assert found is None and sum(len(f["x"]) for f in feeds) == fidelity.ERROR_SAMPLES
+    feeds, found, batched = fidelity.error_feeds(_two_outputs(), cfg, batches_of_32)
+    assert found is None and batched
+    assert sum(len(f["x"]) for f in feeds) == fidelity.ERROR_SAMPLES
     fixed = _two_outputs()
     for value in [*fixed.graph.input, *fixed.graph.output]:
         value.type.tensor_type.shape.dim[0].dim_value = 32
-    feeds, _ = fidelity.error_feeds(fixed, cfg, batches_of_32)
-    assert sum(len(f["x"]) for f in feeds) == 96  # a fixed batch stays whole
+    feeds, _, batched = fidelity.error_feeds(fixed, cfg, batches_of_32)
+    assert sum(len(f["x"]) for f in feeds) == 96 and not batched  # a fixed batch: whole
+
+
+def test_a_batch_axis_seen_by_running_runs_in_chunks_on_every_sample(monkeypatch):
+    """The output's batch axis named apart from the input's (as paddle2onnx names
+    them): the batches run in chunks, with the same error, but every sample is kept (a
+    subset reads another error: see :func:`fidelity.error_feeds`)."""
+    import lpq
+    from lpq_onnxrt import batches
+
+    rng = np.random.default_rng(5)
+    batches_of_32 = [{"x": rng.normal(0, 1, (32, 6)).astype(np.float32)} for _ in range(3)]
+    cfg = lpq.TuneConfig(ops={}, calib_sampling_size=1000)
+    apart = _two_outputs()
+    apart.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "m"
+    feeds, found, batched = fidelity.error_feeds(apart, cfg, batches_of_32)
+    assert found is None and batched and sum(len(f["x"]) for f in feeds) == 96
+    chunked: list[int] = []
+    run_in_chunks = batches.run_in_chunks
+
+    def counted(run: Any, feed: Any, limit: int | None = None) -> Any:
+        chunked.append(len(feed["x"]))
+        return run_in_chunks(run, feed, 8 * 6 * 4)  # 8 samples a chunk
+
+    monkeypatch.setattr(batches, "run_in_chunks", counted)
+    quantized = _two_outputs(scale=1.01)
+    in_chunks = fidelity.output_error({}, feeds, apart, None, batched=batched)(quantized)
+    assert chunked == [32] * 6  # the fp32 reference's batches, then the candidate's
+    whole = fidelity.output_error({}, feeds, apart, None, batched=False)(quantized)
+    assert chunked == [32] * 6  # not chunked
+    assert in_chunks == pytest.approx(whole, rel=1e-9) and in_chunks > 0

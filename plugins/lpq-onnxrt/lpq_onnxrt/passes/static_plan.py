@@ -140,8 +140,10 @@ class _Candidates:
         return build
 
     def error_on(self, part: tuple[int, int]) -> Callable[[onnx.ModelProto], float]:
-        feeds, found = self._error_feeds()
-        return fidelity.output_error(self.tune_cfg.options, feeds, self.prepared.model, found, part)
+        feeds, found, batched = self._error_feeds()
+        return fidelity.output_error(
+            self.tune_cfg.options, feeds, self.prepared.model, found, part, batched
+        )
 
 
 def quantize_static(
