@@ -575,6 +575,61 @@ def test_a_type_that_cannot_win_on_speed_is_timed_when_it_cuts_the_error() -> No
     assert step.kept and decision.keep_float == ["a1", "a2"]
 
 
+def _small_types(cut: str | None = None) -> ModeBackend:
+    """Convs c1, c2 that int8 makes faster, and one Add, one Sigmoid and one Concat that
+    it leaves as fast, whose float moves the profile bounds at 1% (the Convs' at 50%);
+    each small op adds 0.001 output error in int8, or ``cut`` adds 0.2."""
+    ops = [("c1", "Conv"), ("c2", "Conv"), ("add", "Add"), ("sig", "Sigmoid"), ("cat", "Concat")]
+    small = {"add", "sig", "cat"}
+    backend = _without(
+        ModeBackend(
+            ops,
+            float_ms=dict.fromkeys(("c1", "c2", *small), 1.0),
+            quant_ms={"qdq": {"c1": 0.5, "c2": 0.5, "add": 1.0, "sig": 1.0, "cat": 1.0}},
+            quant_error={"c1": 0.05, "c2": 0.05, **{n: 0.2 if n == cut else 0.001 for n in small}},
+        ),
+        "verdict",
+        "slowdown",
+    )
+    backend.rules = replace(backend.rules, least_gain=0.5, fidelity_max_ops=0)
+    backend.gain_bound = lambda names, c, k: 0.01 if set(names) <= small else 0.5  # type: ignore[attr-defined]
+    return backend
+
+
+def test_op_types_that_cannot_win_are_checked_for_fidelity_together() -> None:
+    """Three small types the profile bounds: one build with all three in float reads the
+    output error for them, and none is built or timed alone."""
+    backend = _small_types()
+    decision = decide(backend)
+    notes = [s for s in decision.steps if s.note and "at most 1.0% faster" in s.note]
+    assert [s.change for s in notes] == [
+        f"qdq: {t} (1 ops) -> float" for t in ("Add", "Sigmoid", "Concat")
+    ]
+    assert all("with 3 such op types in float" in (s.note or "") for s in notes)
+    built = [keep for keep, _, _ in backend.built]
+    assert frozenset({"add", "sig", "cat"}) in built
+    assert not {frozenset({"add"}), frozenset({"sig"}), frozenset({"cat"})} & set(built)
+    compared = {candidate[0] for _, candidate in backend.compared}
+    assert not {frozenset({"add"}), frozenset({"sig"}), frozenset({"cat"})} & compared
+    assert decision.keep_float == []
+
+
+def test_a_type_that_cuts_the_error_is_found_alone_when_the_types_together_cut_it() -> None:
+    """The Sigmoid's int8 is most of the output error: together the three cut it, so each
+    is measured alone; the Sigmoid is timed and kept for fidelity, the others are not."""
+    backend = _small_types(cut="sig")
+    decision = decide(backend)
+    steps = {s.change: s for s in decision.steps}
+    add, sig = steps["qdq: Add (1 ops) -> float"], steps["qdq: Sigmoid (1 ops) -> float"]
+    assert add.before_ms is None and add.error_after is not None  # measured alone
+    assert sig.before_ms is not None and sig.kept  # timed, as fast and more faithful
+    assert decision.keep_float == ["sig"]
+    # After the Sigmoid is kept the model changed: the Concat is read again, alone
+    # (the only such type left), and not timed.
+    cat = steps["qdq: Concat (1 ops) -> float"]
+    assert cat.before_ms is None and cat.error_after is not None
+
+
 class _EdgesSeen(ModeBackend):
     """A :class:`ModeBackend` that records the edges of every comparison."""
 

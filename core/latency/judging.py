@@ -69,6 +69,12 @@ class Judge:
         self.variant = self.variants[0]
         self.alt: frozenset[str] = frozenset()
         self.current: Any = None
+        # The last "these op types together in float" error read (see
+        # _Search._together_cuts_nothing): current model, (keep, variant), the op names,
+        # what it read (None: it cut the error).
+        self._together: (
+            tuple[Any, tuple[frozenset[str], str | None], frozenset[str], str | None] | None
+        ) = None
 
     # -- building, timing, judging ----------------------------------------------------
 
