@@ -254,8 +254,8 @@ class _Search(Judge):
         both formats, each at x0.99-1.02 and each running to the timing budget, none kept.
 
         The error is read first with every such type of ``later`` (the types still to
-        come) in float too (:meth:`_together`): when that cuts nothing, none of them is
-        built and measured alone."""
+        come) in float too (:meth:`_together_cuts_nothing`): when that cuts nothing, none
+        of them is built and measured alone."""
         share = self.rules.least_gain
         if share is None or self.gain_bound is None or self.alt:
             return False
