@@ -593,6 +593,10 @@ def test_histogram_counts_match_a_numpy_reference(dtype: type) -> None:
     data[50:60] = 16.0  # the bound itself (a power of two above every other value)
     data[60:70] = -1.0 * 16.0 / 64  # exactly on bin edges
     data[70:75] = [np.nan, np.inf, -np.inf, np.nan, 2.0]
+    data[75:80] = -16.0  # minus the bound: the negative half's last bin
+    data[80:90] = -1e-9  # negatives in bin 0 (they share an index with the positives')
+    data[90:95] = 16.0 / 64 * 0.999  # just under a bin edge, both signs
+    data[95:100] = -16.0 / 64 * 0.999
     histogram = _TensorHistogram(64)
     histogram.add(data)
     finite = data[np.isfinite(data)]

@@ -100,21 +100,29 @@ class _TensorHistogram:
         scale = n / self.bound  # a power of two: the multiplication below is exact
         if flat.dtype != np.float64 and not 2.0**-100 < scale < 2.0**100:
             flat = flat.astype(np.float64)  # keep float32 from overflowing
-        # Into scratch arrays, and the negatives offset by an unmasked add: fresh
-        # 0.25-0.5 MB arrays per slice (page faults) and ``np.add(..., where=flat < 0)``
-        # (numpy's masked loop) made binning 2.9x slower (6.7 -> 2.3 ns a value; ddddocr
-        # det's calibration bins 2.4 billion values). The same counts.
+        # x / bin width truncated toward zero, plus n: a positive x of magnitude bin m
+        # lands at n + m, a negative one at n - m (m = n only at |x| = bound: the last
+        # bin). Both signs' bin 0 share index n; the negatives' share is their count
+        # less their other bins. One bincount over signed indices, in scratch arrays:
+        # binning |x| and offsetting the negatives took two passes more (2.6 -> 1.8 ns
+        # a value; PP-OCRv4 det's calibration bins 3.8 billion values). The same counts.
+        # (Fresh arrays per slice and ``np.add(..., where=...)`` were 2.9x slower still.)
         size = flat.size
         scaled = np.multiply(flat, flat.dtype.type(scale), out=_scratch(flat.dtype, size))
-        np.abs(scaled, out=scaled)
-        np.minimum(scaled, n - 1, out=scaled)
         index = _scratch(np.dtype(np.intp), size)
-        np.copyto(index, scaled, casting="unsafe")  # floor of |x| / bin width (x >= 0)
-        negative = np.less(flat, 0, out=_scratch(np.dtype(np.bool_), size))
-        index += negative * n  # negatives: second half
-        counts = np.bincount(index, minlength=2 * n)
-        self.positive += counts[:n]
-        self.negative += counts[n:]
+        np.copyto(index, scaled, casting="unsafe")  # truncates toward zero
+        index += n
+        counts = np.bincount(index, minlength=2 * n + 1)
+        below = np.less(flat, 0, out=_scratch(np.dtype(np.bool_), size))
+        negatives = int(np.count_nonzero(below))  # -0.0 is not negative
+        positive, negative = counts[n:], counts[n::-1]  # by m = 0 .. n
+        negative_zero = negatives - int(negative[1:].sum())
+        self.positive += positive[:n]
+        self.positive[n - 1] += positive[n]
+        self.positive[0] -= negative_zero
+        self.negative += negative[:n]
+        self.negative[n - 1] += negative[n]
+        self.negative[0] += negative_zero - negative[0]
 
     def _widen(self, bound: float) -> None:
         """Grow the range to ``bound`` (a power of two), merging bins exactly."""
