@@ -117,10 +117,17 @@ def batch_wide(model: onnx.ModelProto) -> bool:
     return any(node.op_type in BATCH_WIDE for node in model.graph.node)
 
 
-def runs_in_chunks(model: onnx.ModelProto) -> bool:
-    """Whether ``model``'s batches may run in pieces with the same outputs:
-    :func:`shares_batch_axis` and not :func:`batch_wide`."""
-    return shares_batch_axis(model) and not batch_wide(model)
+def feed_runs_in_chunks(
+    model: onnx.ModelProto,
+    run: Callable[[dict[str, np.ndarray]], Sequence[Any]],
+    feed: Mapping[str, Any],
+) -> bool:
+    """Whether ``feed`` is cut into pieces (:func:`batch_chunks`) and ``model`` may run
+    them with the same outputs: not :func:`batch_wide`, and a batch axis declared or seen
+    by running (:func:`has_batch_axis`: only for a feed that would be cut)."""
+    if batch_wide(model) or batch_chunks(feed) is None:
+        return False
+    return has_batch_axis(model, run, feed)
 
 
 def shared_batch(feed: Mapping[str, Any]) -> int | None:
@@ -156,7 +163,7 @@ def run_in_chunks(
 ) -> list[Any] | None:
     """``run``'s outputs on ``feed`` run in the pieces of :func:`batch_chunks`, each
     output concatenated along the batch axis (new arrays, not ORT's buffers); None when
-    ``feed`` is not cut (run it whole). Only for a model that :func:`runs_in_chunks`."""
+    ``feed`` is not cut (run it whole). Only where :func:`feed_runs_in_chunks`."""
     pieces = batch_chunks(feed, limit)
     if pieces is None:
         return None

@@ -14,7 +14,7 @@ import numpy as np
 from lpq import DataError, EvalResult, LatencyMeasurer, Metric, ModelError, evaluate_batches
 
 from . import llm_io, model_io, weights
-from .batches import run_in_chunks, runs_in_chunks
+from .batches import feed_runs_in_chunks, run_in_chunks
 from .data import input_specs, iter_batches
 from .latency.timing import measuring_options
 from .qmodel import QuantizedModel
@@ -130,12 +130,15 @@ def evaluate(
     # Untimed batches run in chunks of samples where each sample's outputs are its own:
     # ORT holds every intermediate tensor of a run at once. The data probe ran MTCNN
     # P-Net on 32 pictures of 320x240 whole: 101 -> 519 MB, lpq quantize's peak. A timed
-    # batch runs whole: its latency is the batch's.
-    chunked = measurer is None and runs_in_chunks(proto)
+    # batch runs whole: its latency is the batch's. Decided on the first batch: a batch
+    # axis the shapes do not declare (PP-OCRv4 det) is seen by running two samples.
+    chunked: bool | None = None if measurer is None else False
 
     def run(feed: dict[str, Any]) -> Any:
-        nonlocal done
+        nonlocal done, chunked
         try:
+            if chunked is None:
+                chunked = feed_runs_in_chunks(proto, runner, feed)
             outputs = run_in_chunks(runner, feed) if chunked else None
             if outputs is None:
                 # Copied: ORT returns views of its own buffers, and a metric that keeps

@@ -131,16 +131,23 @@ def test_batch_chunks_cut_the_batch_axis_to_fit_the_limit():
 
 
 def test_which_models_run_in_chunks():
-    assert batches.shares_batch_axis(_conv()) and batches.runs_in_chunks(_conv())
-    fixed = _conv(10)
-    assert not batches.shares_batch_axis(fixed) and not batches.runs_in_chunks(fixed)
-    # Two symbols: not one batch axis.
-    two = _conv()
-    two.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
-    assert not batches.runs_in_chunks(two)
-    dynamic = _dynamic()
-    assert batches.shares_batch_axis(dynamic) and batches.batch_wide(dynamic)
-    assert not batches.runs_in_chunks(dynamic)
+    """A feed that is cut (over the limit), of a model with a batch axis and no batch-wide
+    node: declared, fixed, named apart (seen by running), batch-wide."""
+    feed = {"x": _batch(10)}
+    small = 4 * SAMPLE_BYTES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batches, "CHUNK_BYTES", small)
+        assert batches.feed_runs_in_chunks(_conv(), _runner(_conv()), feed)
+        fixed = _conv(10)
+        assert not batches.feed_runs_in_chunks(fixed, _runner(fixed), feed)
+        apart = _conv()
+        apart.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
+        assert batches.feed_runs_in_chunks(apart, _runner(apart), feed)
+        dynamic = _dynamic()
+        assert batches.shares_batch_axis(dynamic) and batches.batch_wide(dynamic)
+        assert not batches.feed_runs_in_chunks(dynamic, _runner(dynamic), feed)
+    # A feed that fits is not cut, whatever the model.
+    assert not batches.feed_runs_in_chunks(_conv(), _runner(_conv()), feed)
 
 
 def _runner(model: onnx.ModelProto, calls: list[int] | None = None) -> Any:
@@ -227,6 +234,20 @@ def test_evaluation_runs_a_large_batch_in_chunks_with_the_same_outputs(monkeypat
     _same_bits(chunked, whole)
     # Concatenated into arrays of their own, not views of ORT's buffers.
     assert all(array.flags["OWNDATA"] for preds in chunked for array in preds)
+
+
+def test_evaluation_sees_a_batch_axis_the_shapes_name_apart(monkeypatch):
+    """The output's batch axis named apart from the input's (paddle2onnx): the first batch
+    is cut after two samples run alone and together show its rows are samples; the same
+    outputs as whole."""
+    apart = _conv()
+    apart.graph.output[1].type.tensor_type.shape.dim[0].dim_param = "M"
+    data = [_batch(10, seed=1), _batch(3, seed=2)]
+    whole, _ = _evaluate(apart, data, monkeypatch)
+    monkeypatch.setattr(batches, "CHUNK_BYTES", 4 * SAMPLE_BYTES)
+    chunked, runs = _evaluate(apart, data, monkeypatch)
+    assert runs == [(2,), (1,), (1,), (4,), (4,), (2,), (3,)]  # the check, then chunks
+    _same_bits(chunked, whole)
 
 
 def test_a_batch_wide_model_runs_whole(monkeypatch):
