@@ -105,7 +105,7 @@ class _TensorHistogram:
         # bin). Both signs' bin 0 share index n; the negatives' share is their count
         # less their other bins. One bincount over signed indices, in scratch arrays:
         # binning |x| and offsetting the negatives took two passes more (2.6 -> 1.8 ns
-        # a value; PP-OCRv4 det's calibration bins 3.8 billion values). The same counts.
+        # a value; PP-OCRv4 det --no-latency-aware 20.4 -> 17.8 CPU s). The same counts.
         # (Fresh arrays per slice and ``np.add(..., where=...)`` were 2.9x slower still.)
         size = flat.size
         scaled = np.multiply(flat, flat.dtype.type(scale), out=_scratch(flat.dtype, size))
