@@ -41,8 +41,8 @@ def _measured_error(model: onnx.ModelProto, fp32: Any, cfg: lpq.TuneConfig, load
     from lpq_onnxrt.latency.fidelity import error_feeds, output_error
 
     prepared = model_io.prepare(fp32).model
-    feeds, found = error_feeds(prepared, cfg, loader)
-    return output_error(cfg.options, feeds, prepared, found)(model)
+    feeds, found, batched = error_feeds(prepared, cfg, loader)
+    return output_error(cfg.options, feeds, prepared, found, batched=batched)(model)
 
 
 def test_default_is_auto_and_the_result_records_what_it_resolved_to(
