@@ -350,7 +350,8 @@ def _scoring(
             pm.evaluate(framework, model, data, [recorder], iteration=eval_iterations)
         evaluation_data = ReferenceLoader(evaluation_data, recorder.outputs)
         if eval_metric is None and recorder.outputs:
-            eval_metric, note = label_free_metric(recorder.outputs[0])
+            names = pm.output_names(framework, model)
+            eval_metric, note = label_free_metric(recorder.outputs[0], names=names)
             logger.info("no labels: scoring %r; %s", eval_metric, note)
     return _resolve_metric(pm, eval_metric, has_labels), evaluation_data, note
 

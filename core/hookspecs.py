@@ -257,6 +257,21 @@ def lpq_quantized_ops(framework: str, model: Any) -> dict[str, str] | None:
 
 
 @hookspec(firstresult=True)
+def lpq_output_names(framework: str, model: Any) -> list[str] | None:
+    """Name the model's outputs, in the order ``lpq_evaluate`` passes them to metrics.
+
+    :param model: a model ``lpq_evaluate`` accepts (the user's fp32 model or a quantized one).
+    :return: the output names, or ``None`` if the framework is not yours or its outputs
+        have no names.
+
+    Called once when lpq picks a label-free metric from the fp32 model's outputs. Where
+    the outputs' shapes leave the task open, a name settles it: an output named as hidden
+    states or an embedding (``last_hidden_state``) is scored by cosine similarity, not by
+    per-position top-1 agreement. Optional: without it lpq reads shapes only.
+    """
+
+
+@hookspec(firstresult=True)
 def lpq_resolved_config(framework: str, model: Any) -> TuneConfig | None:
     """Say which tune_cfg this model really is, when the adaptor resolved a choice the
     tune_cfg left to it (lpq-onnxrt's ``auto`` range algorithm, resolved to ``mse``).

@@ -21,13 +21,16 @@ from lpq.eval.metric_choice import label_free_metric
 from lpq.eval.metrics import Agreement, CosineSimilarity, TopK
 
 
-def matmul_model(path: Path, out_shape: list, weight: np.ndarray, in_shape: list) -> Path:
-    """input @ weight, with the given symbolic shapes (a sequence model when 3-D)."""
+def matmul_model(
+    path: Path, out_shape: list, weight: np.ndarray, in_shape: list, output: str = "y"
+) -> Path:
+    """input @ weight, with the given symbolic shapes (a sequence model when 3-D) and the
+    output named ``output``."""
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
+        [helper.make_node("MatMul", ["x", "w"], [output], name="proj")],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)],
         [numpy_helper.from_array(weight, "w")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -125,3 +128,34 @@ def test_cli_states_the_metric_it_chose_for_a_regression_output(tmp_path: Path, 
     assert code == 0, out
     assert "cosine: fp32 1.0000" in out
     assert "holds no class scores: accuracy is the cosine similarity" in out
+
+
+def test_quantize_scores_an_output_named_as_hidden_states_by_cosine(tmp_path: Path, capsys):
+    """A (B, T, D) output is ambiguous by shape; named ``last_hidden_state`` (lpq-onnxrt's
+    ``lpq_output_names``), the fidelity check scores it by cosine, not per-token top-1."""
+    rng = np.random.default_rng(2)
+    weight = rng.normal(size=(16, 64)).astype(np.float32)
+    x = rng.normal(size=(40, 7, 16)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    for output, metric in (("last_hidden_state", "cosine"), ("scores", "agreement")):
+        model = matmul_model(
+            tmp_path / f"{output}.onnx", ["N", 7, 64], weight, ["N", 7, 16], output=output
+        )
+        pm = lpq.get_plugin_manager()
+        assert pm.output_names("onnxrt", str(model)) == [output]
+        code = main(
+            [
+                "quantize",
+                str(model),
+                "--calib",
+                str(tmp_path / "calib.npz"),
+                "--out",
+                str(tmp_path / f"q-{output}.onnx"),
+                "--no-latency-aware",
+            ]
+        )
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"({metric} against fp32" in out, out
+        named = "output 'last_hidden_state'" in out and "named as hidden states" in out
+        assert named == (metric == "cosine"), out

@@ -430,6 +430,24 @@ def test_unit_length_embeddings_get_cosine():
     assert choice is not None and choice.metric == "cosine" and "512-d" in choice.reason
 
 
+def test_an_output_named_as_hidden_states_or_an_embedding_gets_cosine():
+    """MiniLM's ``last_hidden_state`` (1, 32, 384): ambiguous by shape, settled by name."""
+    hidden = np.random.default_rng(0).normal(size=(2, 32, 384))
+    assert choose_task_metric(hidden) is None
+    for name in ("last_hidden_state", "sentence_embedding", "pooler_output", "Embeddings"):
+        choice = choose_task_metric(hidden, names=[name, "other"])
+        assert choice is not None and choice.metric == "cosine", name
+        assert repr(name) in choice.reason and "(2, 32, 384)" in choice.reason
+    assert label_free_metric([hidden], names=["last_hidden_state"])[0] == "cosine"
+    # Other names, a softmax, or a narrow last axis: the rules and fallback as before.
+    assert choose_task_metric(hidden, names=["logits"]) is None
+    probs = softmax(np.random.default_rng(1).normal(size=(2, 26, 50)))
+    assert choose_task_metric(probs, names=["embedding"]) is None
+    assert choose_task_metric(hidden[..., :8], names=["last_hidden_state"]) is None
+    # Only the first output's name counts (it is the one scored).
+    assert choose_task_metric(hidden, names=["logits", "last_hidden_state"]) is None
+
+
 def test_ambiguous_outputs_fall_back_as_before():
     assert label_free_metric([np.zeros((8, 26, 6625))])[0] == "agreement"
     assert label_free_metric([np.zeros((8, 1))])[0] == "cosine"

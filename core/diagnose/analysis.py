@@ -147,6 +147,8 @@ class _Outputs:
     def __init__(self, pm: PluginManager, framework: str, data: Any, batches: int | None):
         self.pm, self.framework, self.data, self.batches = pm, framework, data, batches
         self.reference: list[Any] = []
+        #: the fp32 model's output names, where its adaptor gives them (metric choice)
+        self.names: list[str] | None = None
 
     def of(self, model: Any) -> list[Any]:
         recorder = OutputRecorder()
@@ -159,7 +161,7 @@ class _Outputs:
         f = np.concatenate([_first(r).astype(np.float64).reshape(-1) for r in self.reference])
         q = np.concatenate([_first(o).astype(np.float64).reshape(-1) for o in got])
         error = _rms(q - f) / max(_rms(f), 1e-12)
-        if label_free_metric(self.reference[0])[0] != "agreement":
+        if label_free_metric(self.reference[0], names=self.names)[0] != "agreement":
             return error, None
         agreement = Agreement()
         for output, reference in zip(got, self.reference):
@@ -248,6 +250,7 @@ def diagnose(
 
     outputs = _Outputs(pm, framework, data, batches)
     outputs.reference = outputs.of(model)
+    outputs.names = pm.output_names(framework, model)
     output_error, agreement = outputs.error(quantized)
 
     ops = _op_reports(pm, framework, model, quantized, data, capability, tune_cfg, batches)

@@ -134,7 +134,8 @@ def measure_fidelity(
     if not recorder.outputs:
         raise ConfigError("the held-out data gave no batch", hint="pass at least one sample")
     if metric is None:
-        metric, reason = label_free_metric(recorder.outputs[0], task=task)
+        names = pm.output_names(framework, fp32_model)
+        metric, reason = label_free_metric(recorder.outputs[0], task=task, names=names)
     else:
         reason = "named with --metric"
     scorer = _metric(pm, metric)

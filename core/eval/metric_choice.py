@@ -7,13 +7,16 @@ metrics (:mod:`.task_metrics`, which build on the generic ones).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .metrics import _first
 from .task_metrics import choose_task_metric
 
 
-def label_free_metric(reference: Any, task: str | None = None) -> tuple[str, str]:
+def label_free_metric(
+    reference: Any, task: str | None = None, names: Sequence[str] | None = None
+) -> tuple[str, str]:
     """The metric to compare a model with reference outputs when the data has no labels,
     chosen from the reference outputs (one batch of the fp32 model's), and why (said to
     the user).
@@ -21,12 +24,14 @@ def label_free_metric(reference: Any, task: str | None = None) -> tuple[str, str
     A task metric where the outputs say unambiguously which task the model does
     (:func:`lpq.eval.task_metrics.choose_task_metric`: a YOLO or SSD detector ->
     ``detection_f1``, a probability map -> ``mask_iou``, ...), or the one for ``task``
-    when the caller names it (``"ctc"`` for a recognizer). Otherwise, as before task
+    when the caller names it (``"ctc"`` for a recognizer); ``names`` (the outputs' names,
+    from the adaptor's ``lpq_output_names``) settle an output named as hidden states or an
+    embedding. Otherwise, as before task
     metrics: class scores on the last axis (at least 2-D, two or more classes) get
     per-position top-1 agreement; anything else (a regression value, an embedding of
     shape ``(N,)``) gets cosine similarity, which works for any shape.
     """
-    choice = choose_task_metric(reference, task=task)
+    choice = choose_task_metric(reference, task=task, names=names)
     if choice is not None:
         return choice.metric, choice.reason
     output = _first(reference)

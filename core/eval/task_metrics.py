@@ -18,7 +18,8 @@ Every metric keeps plain attributes only, so it pickles for ``--workers`` proces
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -209,6 +210,11 @@ TASKS = {
 }
 
 
+#: Output names that say the output is hidden states or an embedding (rule 8 of
+#: :func:`choose_task_metric`), as transformers and sentence-transformers exports name them.
+EMBEDDING_NAME = re.compile(r"hidden_state|embedding|pooler_output", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class MetricChoice:
     """A metric picked from a model's outputs: its registered name and a one-line reason
@@ -303,11 +309,14 @@ def _task_choice(task: str, outs: list[np.ndarray]) -> MetricChoice:
     return MetricChoice(metric, f"output {_shape(head)}: the caller said {task} -> {metric}")
 
 
-def choose_task_metric(outputs: Any, *, task: str | None = None) -> MetricChoice | None:
+def choose_task_metric(
+    outputs: Any, *, task: str | None = None, names: Sequence[str] | None = None
+) -> MetricChoice | None:
     """The task metric for a model, from one batch of its fp32 outputs, and why; ``None``
     where the outputs do not say unambiguously which task it is (the caller then falls
     back, or asks the user for ``--metric``). ``task`` (a key of :data:`TASKS`, e.g.
     ``"ctc"`` for a recognizer) overrides the rules after checking the outputs fit.
+    ``names``: the outputs' names, in order, where the adaptor gives them (rule 8).
 
     Rules, first match wins (B: batch; documented in docs/metrics.md):
 
@@ -322,6 +331,11 @@ def choose_task_metric(outputs: Any, *, task: str | None = None) -> MetricChoice
        scores -> ``mask_iou`` (argmax, mIoU).
     6. ``(B, C)``, C >= 2, rows a softmax: classifier -> ``agreement`` (top-1).
     7. ``(B, D)``, D >= 64, rows of unit L2 norm, not a softmax: embedding -> ``cosine``.
+    8. ``(B, D)`` or ``(B, T, D)``, D >= 16, not a softmax, the output *named* as hidden
+       states or an embedding (:data:`EMBEDDING_NAME`: ``last_hidden_state``,
+       ``sentence_embedding``, ``pooler_output``): embedding -> ``cosine``. MiniLM's
+       ``last_hidden_state`` (1, 32, 384) was scored by per-token top-1 agreement over
+       its 384 features (0.898) where its cosine reads 0.984.
 
     Everything else is ambiguous and returns ``None``: raw ``(B, C)`` scores (logits, an
     unnormalised embedding and a regression vector look alike), ``(B, T, C)`` sequences
@@ -366,4 +380,17 @@ def choose_task_metric(outputs: Any, *, task: str | None = None) -> MetricChoice
                 f"output {shape}: unit-length {head.shape[1]}-d embeddings -> mean cosine "
                 "similarity",
             )
+    named = names[0] if names else None
+    if (
+        named is not None
+        and EMBEDDING_NAME.search(named)
+        and head.ndim in (2, 3)
+        and head.shape[-1] >= 16
+        and not _softmax_along(head, -1)
+    ):
+        return MetricChoice(
+            "cosine",
+            f"output {named!r} {shape}: named as hidden states or an embedding -> mean "
+            "cosine similarity",
+        )
     return None

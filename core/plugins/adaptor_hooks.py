@@ -35,6 +35,7 @@ JOB_HOOKS: dict[str, str] = {
     "inspect_tensor": "lpq_inspect_tensor",
     "quantized_ops": "lpq_quantized_ops",
     "resolved_config": "lpq_resolved_config",
+    "output_names": "lpq_output_names",
     "set_tensor": "lpq_set_tensor",
     "export": "lpq_convert",
     "quantize_input": "lpq_quantize_input",
@@ -189,9 +190,14 @@ def _resolved_config(self: Any, framework: str, model: Any) -> TuneConfig | None
     return result
 
 
-def _set_tensor(
-    self: Any, framework: str, model: Any, tensor_name: str, value: Any
-) -> Any | None:
+def _output_names(self: Any, framework: str, model: Any) -> list[str] | None:
+    if framework != self.framework:
+        return None
+    result: list[str] | None = self.output_names(model)
+    return result
+
+
+def _set_tensor(self: Any, framework: str, model: Any, tensor_name: str, value: Any) -> Any | None:
     if framework != self.framework:
         return None
     return self.set_tensor(model, tensor_name, value)
@@ -234,6 +240,7 @@ _DISPATCHERS: dict[str, Callable[..., Any]] = {
     "lpq_inspect_tensor": _inspect_tensor,
     "lpq_quantized_ops": _quantized_ops,
     "lpq_resolved_config": _resolved_config,
+    "lpq_output_names": _output_names,
     "lpq_set_tensor": _set_tensor,
     "lpq_convert": _export,
     "lpq_quantize_input": _quantize_input,

@@ -430,6 +430,13 @@ class PluginManager:
         result = self._pm.hook.lpq_resolved_config(framework=framework, model=model)
         return result if isinstance(result, TuneConfig) else None
 
+    def output_names(self, framework: str, model: Any) -> list[str] | None:
+        """The model's output names in the order evaluation passes them to metrics; None
+        when the adaptor does not say (an optional hook)."""
+        self.adaptor(framework)
+        result = self._pm.hook.lpq_output_names(framework=framework, model=model)
+        return [str(name) for name in result] if result is not None else None
+
     def implements(self, hook_name: str) -> bool:
         """Whether any loaded plugin implements ``hook_name`` (for optional hooks)."""
         self.load()

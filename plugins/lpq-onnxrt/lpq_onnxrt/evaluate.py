@@ -109,6 +109,21 @@ def _file_graph(path: str, stamp: tuple[int, int]) -> onnx.ModelProto | None:
     return graph
 
 
+def output_names(model: Any) -> list[str]:
+    """The graph's output names, in the order :func:`evaluate` passes the outputs on: read
+    from the file's graph (weights header-only, cached) where ``model`` is a file."""
+    proto: onnx.ModelProto | None = None
+    if isinstance(model, QuantizedModel):
+        proto = model.proto
+    elif isinstance(model, str | os.PathLike) and Path(model).is_file():
+        path = Path(model)
+        stat = path.stat()
+        proto = _file_graph(str(path.resolve()), (stat.st_mtime_ns, stat.st_size))
+    if proto is None:
+        proto = model_io.to_proto(model)
+    return [output.name for output in proto.graph.output]
+
+
 def evaluate(
     model: Any,
     dataloader: Iterable[Any],

@@ -123,6 +123,7 @@ class OnnxrtPlugin(lpq.AdaptorHooks):
         )
 
     evaluate = lazy_job("lpq_onnxrt.evaluate:evaluate")
+    output_names = lazy_job("lpq_onnxrt.evaluate:output_names")
     cast_lowp = lazy_job("lpq_onnxrt.lowp:cast_lowp")
     inspect_tensor = lazy_job("lpq_onnxrt.inspection:inspect_tensor")
     quantized_ops = lazy_job("lpq_onnxrt.precision:quantized_ops")

@@ -81,6 +81,19 @@ def test_evaluate_multi_output_models_pass_a_list(pm, lpq_sample_model, digits):
     assert result.metrics["top1"] > 0.9  # the core metric scores the first output
 
 
+def test_output_names_are_in_the_order_evaluation_passes_the_outputs(pm, lpq_sample_model, qmodel):
+    """``lpq_output_names``: from the file, a proto and a quantized model alike, in the
+    order of the outputs a metric is given (the graph's)."""
+    model = onnx.load(str(lpq_sample_model))
+    first = model.graph.output[0].name
+    assert pm.output_names(FW, str(lpq_sample_model)) == [first]
+    model.graph.output.add().name = "r3"
+    assert pm.output_names(FW, model) == [first, "r3"]
+    assert pm.output_names(FW, qmodel) == [first]
+    with pytest.raises(lpq.NoAdaptorError):
+        pm.output_names("not-onnx", str(lpq_sample_model))
+
+
 def test_session_options_come_from_the_tune_cfg(pm, qmodel, eval_loader):
     qmodel.options["intra_op_num_threads"] = 1
     assert pm.evaluate(FW, qmodel, eval_loader, [TopK(1)]).accuracy > 0.95
