@@ -257,6 +257,81 @@ def test_the_output_error_runs_in_the_timers_session_when_lent(monkeypatch):
     assert len(created) == 1
 
 
+def test_the_timer_times_on_the_error_samples_and_the_error_reads_their_outputs(monkeypatch):
+    """OrtTimer.watch: each round runs both models on the same sample of the error's rows,
+    in turn, and hands the outputs back; the error then runs only the rows it was not
+    handed, and reads the same value as running them all."""
+    from lpq_onnxrt.latency import timing
+
+    fp32, candidate, feeds = _two_outputs(), _two_outputs(1.2), _feeds(3)
+    full = fidelity.output_error({}, feeds, fp32)(candidate)
+    error = fidelity.output_error({}, feeds, fp32)
+    assert error(fp32) == 0.0  # records the fp32 outputs
+    rows = error.rows()
+    assert [row["x"].shape for row in rows] == [(1, 6)] * 12
+    np.testing.assert_array_equal(
+        np.concatenate([r["x"] for r in rows]), np.concatenate([f["x"] for f in feeds])
+    )
+    seen: dict[int, list[int]] = {id(fp32): [], id(candidate): []}
+
+    def observe(model: Any, index: int, outputs: Any) -> None:
+        seen[id(model)].append(index)
+        error.observe(model, index, outputs)
+
+    timer = timing.OrtTimer({}, budget_s=0.0, min_runs=5)
+    timer.watch(rows, observe)
+    timer({"current": fp32, "candidate": candidate}, rows[0], ())
+    assert seen[id(fp32)] == seen[id(candidate)] == [0, 1, 2, 3, 4]  # paired, in turn
+    timer({"current": fp32, "candidate": candidate}, rows[0], ())  # goes on from there
+    assert seen[id(candidate)] == [*range(10)]
+    made = session_module.create_session
+    runs: list[int] = []
+
+    class Counted:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run(self, names: Any, feed: Any) -> Any:
+            runs.append(len(feed["x"]))
+            return self.inner.run(names, feed)
+
+    monkeypatch.setattr(session_module, "create_session", lambda *a, **k: Counted(made(*a, **k)))
+    assert error(candidate) == pytest.approx(full, rel=1e-12)
+    assert runs == [1] * 2  # the 12 rows less the 10 the timer ran
+    # Samples shaped otherwise than the timed feed: timed on the feed, nothing handed back.
+    timer.watch([{"x": feeds[0]["x"][:2]}], observe)
+    timer({"current": fp32, "candidate": _two_outputs(1.3)}, rows[0], ())
+    assert len(seen[id(fp32)]) == 10
+
+
+def test_a_batch_wide_model_is_not_read_from_single_samples():
+    """Dynamic quantization's ranges are the whole batch's: one sample run alone is not
+    its row of a batch run, so the error of such a model runs its batches as before."""
+    identity = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="id")],
+        "id",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+    )
+    fp32 = helper.make_model(identity, opset_imports=[helper.make_opsetid("", 17)])
+    wide = helper.make_graph(
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dq"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="deq"),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+    )
+    dynamic = helper.make_model(wide, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = _feeds(2)
+    error = fidelity.output_error({}, feeds, fp32)
+    whole = error(dynamic)
+    row = error.rows()[0]
+    error.observe(dynamic, 0, session_module.create_session(dynamic).run(None, row))
+    assert not error._seen and error(dynamic) == whole
+
+
 def test_a_model_file_runs_as_its_proto_and_holds_no_weights(tmp_path):
     """The latency search's fp32 side is a ModelFile: ORT opens the file (weights in a
     file beside it), lpq reads the weightless graph; a timer, the profiler and the output

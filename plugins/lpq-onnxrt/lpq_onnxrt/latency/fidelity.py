@@ -40,6 +40,9 @@ ERROR_BATCHES = 32
 ERROR_SAMPLES = 32
 #: ... run in batches of this many samples (the range choice measures on parts of them).
 ERROR_ROWS = 8
+#: Models whose timed runs :meth:`OutputError.observe` keeps: the two of the timer's
+#: last comparison (it holds them anyway; more held more quantized copies).
+SEEN_MODELS = 2
 #: Calibration feeds (whole chains) the output error of a streaming model is measured on.
 STREAM_FEEDS = 4 * ERROR_BATCHES
 
@@ -130,7 +133,10 @@ class OutputError:
     norm over all runs. :meth:`lend` hands it a lender of sessions (the latency timer's
     :meth:`~lpq_onnxrt.latency.timing.OrtTimer.session_for`: the same options): a model
     the lender has a session for runs there instead of in a new one (the search asks for
-    the error of the two models it has just timed)."""
+    the error of the two models it has just timed). :meth:`observe` takes the outputs
+    of the timer's runs on single samples (:meth:`rows`; see
+    :meth:`~lpq_onnxrt.latency.timing.OrtTimer.watch`): the error of a model so timed runs
+    only the samples the timer did not."""
 
     def __init__(
         self,
@@ -161,10 +167,75 @@ class OutputError:
         self.reference: list[list[tuple[int, np.ndarray]]] = []
         self.reference_sq: dict[int, float] = {}
         self.sessions: Callable[[onnx.ModelProto], Any] | None = None
+        # One sample at a time (see rows()): the feeds, and where each sits (the
+        # reference run it is part of, its row there, that run's rows).
+        self._rows: list[dict[str, np.ndarray]] | None = None
+        self._row_at: list[tuple[int, int, int]] = []
+        # Per model (by identity, the last few): squared differences per row and output,
+        # from the timer's runs (observe()).
+        self._seen: dict[int, tuple[onnx.ModelProto, dict[int, dict[int, float]]]] = {}
 
     def lend(self, sessions: Callable[[onnx.ModelProto], Any] | None) -> None:
         """Run models in ``sessions(model)`` where it gives one (None: no lender)."""
         self.sessions = sessions
+
+    def timed_rows(self) -> list[dict[str, np.ndarray]]:
+        """:meth:`rows`, with the fp32 outputs recorded first (a timer's runs on them are
+        read against those from the first run on, not only after the first error read:
+        PP-OCRv4 det's first comparisons were otherwise lost to it)."""
+        if not self.reference:
+            self._record_reference()
+        return self.rows()
+
+    def rows(self) -> list[dict[str, np.ndarray]]:
+        """The samples this error reads, one at a time (feeds of one row, in order): what
+        the latency timer may time on and hand back (:meth:`observe`). Empty for streams,
+        and for batches of a model without a batch axis."""
+        if self._rows is None:
+            self._rows = []
+            for position, chain in enumerate([] if self.links else self.chains):
+                feed = self.feeds[chain[0]]
+                size = batches.shared_batch(feed)
+                if size is None or (size > 1 and not self.batched):
+                    self._rows, self._row_at = [], []
+                    break
+                for row in range(size):
+                    self._rows.append({n: np.asarray(v)[row : row + 1] for n, v in feed.items()})
+                    self._row_at.append((position, row, size))
+        return self._rows
+
+    def observe(self, model: onnx.ModelProto, index: int, outputs: Sequence[Any]) -> None:
+        """Keep what ``model``'s outputs on sample ``index`` of :meth:`rows` (a timed run)
+        add to its error; its error then runs only the samples not seen. Ignored before
+        the fp32 outputs are recorded (the first error read), and for a model whose
+        outputs depend on the whole batch where a run holds several samples."""
+        if not self.reference or index >= len(self._row_at):
+            return
+        if self._row_at[index][2] > 1 and batches.batch_wide(model):
+            return
+        found = self._seen.pop(id(model), None)
+        if found is None or found[0] is not model:
+            found = (model, {})
+        self._seen[id(model)] = found  # the most recently timed last
+        while len(self._seen) > SEEN_MODELS:
+            del self._seen[next(iter(self._seen))]
+        squares = self._row_squares(index, outputs)
+        if squares is not None:
+            found[1][index] = squares
+
+    def _row_squares(self, index: int, outputs: Sequence[Any]) -> dict[int, float] | None:
+        """Per compared output, the squared difference of one sample's outputs from the
+        fp32 ones (None: shapes that do not fit its row)."""
+        position, row, size = self._row_at[index]
+        squares = {}
+        for output, value in self.reference[position]:
+            got = np.asarray(outputs[output]).ravel()
+            width = value.size // size
+            if got.size != width or width * size != value.size:
+                return None
+            part = value[row * width : (row + 1) * width].astype(np.float64)
+            squares[output] = _squares(part - got.astype(np.float64))
+        return squares
 
     def __call__(self, model: onnx.ModelProto) -> float:
         # Mean over outputs of each one's relative error: a large recurrent state must not
@@ -172,6 +243,9 @@ class OutputError:
         # ||a - b|| / ||a|| over all runs, its squares summed in float64 run by run.
         if not self.reference:
             self._record_reference()
+        found = self._seen.get(id(model))
+        if found is not None and found[0] is model and found[1]:
+            return self._error(self._from_rows(model, found[1]))
         diff_sq = dict.fromkeys(self.reference_sq, 0.0)
         for expected, got in zip(self.reference, self._outputs(model), strict=True):
             if [index for index, _ in expected] != sorted(got):
@@ -179,11 +253,36 @@ class OutputError:
             for index, value in expected:
                 delta = value.astype(np.float64) - got[index].astype(np.float64)
                 diff_sq[index] += _squares(delta)
+        return self._error(diff_sq)
+
+    def _error(self, diff_sq: Mapping[int, float]) -> float:
         per = [
             math.sqrt(diff_sq[index]) / max(math.sqrt(total), 1e-30)
             for index, total in sorted(self.reference_sq.items())
         ]
         return float(np.mean(per)) if per else 0.0
+
+    def _from_rows(
+        self, model: onnx.ModelProto, seen: Mapping[int, dict[int, float]]
+    ) -> dict[int, float]:
+        """Squared differences per output over every sample: those the timer's runs
+        gave (``seen``), and the others run now, one at a time."""
+        from ..session import create_session
+
+        diff_sq = dict.fromkeys(self.reference_sq, 0.0)
+        session = None
+        for index, row in enumerate(self.rows()):
+            squares = seen.get(index)
+            if squares is None:
+                if session is None:
+                    session = self.sessions(model) if self.sessions is not None else None
+                    session = session or create_session(model, self.options)
+                squares = self._row_squares(index, session.run(None, row))
+                if squares is None:
+                    raise ValueError("the model's outputs do not fit the fp32 model's rows")
+            for output, value in squares.items():
+                diff_sq[output] += value
+        return diff_sq
 
     def _record_reference(self) -> None:
         for kept in self._outputs(self.fp32_model):

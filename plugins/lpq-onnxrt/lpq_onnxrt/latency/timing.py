@@ -14,6 +14,7 @@ an edge.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 #: median seconds per run of each model (by label), timed interleaved on ``feed``; a timer
 #: with ``takes_edges`` also takes the thresholds a paired comparison is judged by.
 Timer = Callable[[Mapping[str, "onnx.ModelProto"], Mapping[str, np.ndarray]], dict[str, float]]
+#: ``observe(model, sample index, outputs)``: a timed run's outputs (see OrtTimer.watch).
+Observer = Callable[["onnx.ModelProto", int, Sequence[Any]], None]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,20 @@ class OrtTimer:
         self.min_runs = min_runs
         self._kept: dict[int, tuple[onnx.ModelProto, Any]] = {}
         self.sessions_made = 0
+        self._samples: list[dict[str, np.ndarray]] = []
+        self._observe: Observer | None = None
+        self._next_sample = 0
+
+    def watch(self, samples: Sequence[Mapping[str, np.ndarray]], observe: Observer | None) -> None:
+        """Time on ``samples`` in turn (the same sample for both models of a round; only
+        where they are shaped as the timed feed) and hand each run's outputs to
+        ``observe(model, sample index, outputs)`` once its time is taken: the output
+        error then needs no run of its own for the samples a comparison went through
+        (see :meth:`lpq_onnxrt.latency.fidelity.OutputError.observe`). Each comparison
+        starts where the last one stopped. ``observe`` None: the timed feed only."""
+        self._samples = [dict(sample) for sample in samples] if observe is not None else []
+        self._observe = observe
+        self._next_sample = 0
 
     def session_for(self, model: onnx.ModelProto) -> Any | None:
         """The kept session of ``model`` (by identity), if the last comparison made one:
@@ -125,20 +142,50 @@ class OrtTimer:
                 sessions[label] = session
             self._kept = {id(models[label]): (models[label], s) for label, s in sessions.items()}
 
-            def one(session: Any) -> Callable[[], float]:
+            samples = self._samples if _same_shapes(self._samples, feeds) else []
+            observe = self._observe if samples else None
+            rounds: dict[str, int] = {}
+
+            def one(label: str, session: Any) -> Callable[[], float]:
+                proto = models[label]
+                count = itertools.count()
+
                 def run() -> float:
+                    done = rounds[label] = next(count)
+                    # Where the last comparison stopped: the current model, timed in
+                    # comparison after comparison, goes through every sample.
+                    index = (self._next_sample + done) % len(samples) if samples else 0
+                    chosen = samples[index] if samples else feeds
                     start = time.perf_counter()
-                    session.run(None, feeds)
-                    return time.perf_counter() - start
+                    outputs = session.run(None, chosen)
+                    elapsed = time.perf_counter() - start
+                    if observe is not None:
+                        observe(proto, index, outputs)
+                    return elapsed
 
                 return run
 
-            return sequential_compare(
-                {label: one(session) for label, session in sessions.items()},
+            timed = sequential_compare(
+                {label: one(label, session) for label, session in sessions.items()},
                 edges=edges,
                 budget_s=self.budget_s,
                 min_rounds=self.min_runs,
             )
+            if samples:
+                self._next_sample = (self._next_sample + max(rounds.values()) + 1) % len(samples)
+            return timed
+
+
+def _same_shapes(
+    samples: Sequence[Mapping[str, np.ndarray]], feed: Mapping[str, np.ndarray]
+) -> bool:
+    """Whether every sample has ``feed``'s inputs, shapes and dtypes (then timing on them
+    in turn times the same work)."""
+    want = {name: (np.shape(value), np.asarray(value).dtype) for name, value in feed.items()}
+    return bool(samples) and all(
+        {name: (np.shape(value), np.asarray(value).dtype) for name, value in sample.items()} == want
+        for sample in samples
+    )
 
 
 #: A timing ratio this close to a decision threshold is measured a second time.
