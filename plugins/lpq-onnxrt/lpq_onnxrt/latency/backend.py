@@ -190,6 +190,7 @@ class OrtBackend:
             lend(None)
             if watch is not None:
                 watch([], None)
+                getattr(self.error, "forget_timed", lambda: None)()
 
     def ops(self) -> list[tuple[str, str]]:
         return self._ops
