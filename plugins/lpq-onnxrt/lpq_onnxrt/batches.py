@@ -34,12 +34,17 @@ CHUNK_BYTES = 4 << 20
 BATCH_WIDE = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
 
 
+def _fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds (not the weights some exporters list as inputs)."""
+    weights = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in weights]
+
+
 def shares_batch_axis(model: onnx.ModelProto) -> bool:
     """Whether every graph input and output of ``model`` has a first axis named by one
     and the same symbol (``N``): one sample's outputs are then its own, and a batch may
     run in pieces. A fixed first axis, or none, gives False."""
-    weights = {init.name for init in model.graph.initializer}
-    values = [v for v in model.graph.input if v.name not in weights] + list(model.graph.output)
+    values = [*_fed_inputs(model), *model.graph.output]
     names = set()
     for value in values:
         dims = value.type.tensor_type.shape.dim
@@ -66,10 +71,7 @@ def has_batch_axis(
     PP-OCRv4 det declares its input's batch axis and its output's with different names."""
     if shares_batch_axis(model):
         return True
-    weights = {init.name for init in model.graph.initializer}
-    for value in model.graph.input:
-        if value.name in weights:
-            continue
+    for value in _fed_inputs(model):
         dims = value.type.tensor_type.shape.dim
         if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value > 0):
             return False  # a fixed batch (or none): not cut
