@@ -272,22 +272,26 @@ class OutputError:
     ) -> dict[int, float]:
         """Squared differences per output over every sample: those the timer's runs
         gave (``seen``), and the others run now, one at a time."""
-        from ..session import create_session
-
         diff_sq = dict.fromkeys(self.reference_sq, 0.0)
         session = None
         for index, row in enumerate(self.rows()):
             squares = seen.get(index)
             if squares is None:
                 if session is None:
-                    session = self.sessions(model) if self.sessions is not None else None
-                    session = session or create_session(model, self.options)
+                    session = self._session(model)
                 squares = self._row_squares(index, session.run(None, row))
                 if squares is None:
                     raise ValueError("the model's outputs do not fit the fp32 model's rows")
             for output, value in squares.items():
                 diff_sq[output] += value
         return diff_sq
+
+    def _session(self, model: onnx.ModelProto) -> Any:
+        """The lender's session for ``model`` where it has one, else a new one."""
+        from ..session import create_session
+
+        lent = self.sessions(model) if self.sessions is not None else None
+        return lent if lent is not None else create_session(model, self.options)
 
     def _record_reference(self) -> None:
         for kept in self._outputs(self.fp32_model):
@@ -304,12 +308,9 @@ class OutputError:
         """Per run, the float outputs compared (by output index), one run at a time: a
         candidate's outputs are never all held (MTCNN P-Net at batch 32: 32 batches of
         its score maps were 0.9 GB as float64)."""
-        from ..session import create_session
         from ..streams import iter_chains
 
-        session = self.sessions(model) if self.sessions is not None else None
-        if session is None:
-            session = create_session(model, self.options)
+        session = self._session(model)
         chunked = self.batched and not batches.batch_wide(model)
 
         def run(feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
