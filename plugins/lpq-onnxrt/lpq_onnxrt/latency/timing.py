@@ -73,6 +73,7 @@ class OrtTimer:
         self._kept: dict[int, tuple[onnx.ModelProto, Any]] = {}
         self.sessions_made = 0
         self._samples: list[dict[str, np.ndarray]] = []
+        self._shape: frozenset[tuple[str, tuple[int, ...], str]] | None = None
         self._observe: Observer | None = None
         self._next_sample = 0
 
@@ -83,7 +84,11 @@ class OrtTimer:
         error then needs no run of its own for the samples a comparison went through
         (see :meth:`lpq_onnxrt.latency.fidelity.OutputError.observe`). Each comparison
         starts where the last one stopped. ``observe`` None: the timed feed only."""
-        self._samples = [dict(sample) for sample in samples] if observe is not None else []
+        kept = [dict(sample) for sample in samples] if observe is not None else []
+        shapes = {_signature(sample) for sample in kept}
+        # One shape for all, read once here: each comparison only checks its feed.
+        self._samples = kept if len(shapes) == 1 else []
+        self._shape = shapes.pop() if len(shapes) == 1 else None
         self._observe = observe
         self._next_sample = 0
 
@@ -142,7 +147,7 @@ class OrtTimer:
                 sessions[label] = session
             self._kept = {id(models[label]): (models[label], s) for label, s in sessions.items()}
 
-            samples = self._samples if _same_shapes(self._samples, feeds) else []
+            samples = self._samples if self._shape == _signature(feeds) else []
             observe = self._observe if samples else None
             rounds: dict[str, int] = {}
 
@@ -176,15 +181,11 @@ class OrtTimer:
             return timed
 
 
-def _same_shapes(
-    samples: Sequence[Mapping[str, np.ndarray]], feed: Mapping[str, np.ndarray]
-) -> bool:
-    """Whether every sample has ``feed``'s inputs, shapes and dtypes (then timing on them
-    in turn times the same work)."""
-    want = {name: (np.shape(value), np.asarray(value).dtype) for name, value in feed.items()}
-    return bool(samples) and all(
-        {name: (np.shape(value), np.asarray(value).dtype) for name, value in sample.items()} == want
-        for sample in samples
+def _signature(feed: Mapping[str, np.ndarray]) -> frozenset[tuple[str, tuple[int, ...], str]]:
+    """``feed``'s inputs with their shapes and dtypes: samples of one signature are the
+    same work to time."""
+    return frozenset(
+        (name, tuple(np.shape(value)), np.asarray(value).dtype.str) for name, value in feed.items()
     )
 
 
