@@ -106,6 +106,8 @@ def _value(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
             handle.seek(offset)
             value = np.fromfile(handle, dtype=dtype, count=count)
         return value.reshape(tuple(tensor.dims))
+    if not ext:
+        return array(tensor)
     return np.asarray(numpy_helper.to_array(tensor, str(base_dir or "")))
 
 
@@ -169,7 +171,8 @@ def detach(
     """A copy of ``model`` (not modified) whose initializers of ``min_bytes`` or more are
     header-only, and their values by name. ``base_dir`` is where external data files of
     ``model`` are (a model loaded with ``load_external_data=False``). Initializers already
-    detached stay so, their values taken from ``blobs``."""
+    detached stay so, their values taken from ``blobs``. Without ``base_dir``, tensors
+    whose data is in external files stay as they are."""
     import onnx
 
     base = Path(base_dir) if base_dir is not None else None
@@ -185,7 +188,7 @@ def detach(
                 out[init.name] = blobs[init.name]
             continue
         size = nbytes(init)
-        if size and size >= min_bytes:
+        if size and size >= min_bytes and (base is not None or not _external(init)):
             out[init.name] = np.ascontiguousarray(_value(init, base))
             light.graph.initializer.append(_header(init))
         elif _external(init) and base is not None:
@@ -259,18 +262,23 @@ def session(
     blobs: Mapping[str, np.ndarray],
     opts: onnxruntime.SessionOptions,
     providers: list[str],
+    *,
+    prepacking: bool = False,
     **kwargs: Any,
 ) -> onnxruntime.InferenceSession:
     """An ORT session of a detached model: the arrays are handed to ORT as they are
-    (``add_external_initializers``, no copy) and pre-packing is off (it copies every
-    MatMul weight). The arrays are kept alive with the session."""
+    (``add_external_initializers``, no copy). Pre-packing is off unless asked for: it
+    copies every MatMul weight (an LLM's memory), but sessions that are timed need it,
+    as the user's own sessions have it. The arrays are kept alive with the session;
+    ``opts`` is for this session only (it now names the arrays)."""
     import onnxruntime as ort
 
     names = [init.name for init in light.graph.initializer if is_detached(init)]
     values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(blobs[n])) for n in names]
     if names:
         opts.add_external_initializers(names, values)
-        opts.add_session_config_entry("session.disable_prepacking", "1")
+        if not prepacking:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
     made = ort.InferenceSession(light.SerializeToString(), opts, providers=providers, **kwargs)
     made._lpq_keepalive = values  # ORT reads the buffers
     return made

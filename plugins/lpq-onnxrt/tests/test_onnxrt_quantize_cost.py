@@ -138,6 +138,69 @@ def test_a_session_serializes_its_model_once(monkeypatch):
     np.testing.assert_array_equal(from_file.run(None, feed)[0], session.run(None, feed)[0])
 
 
+def _wide(columns: int) -> onnx.ModelProto:
+    """y = relu(x W + b) with W of 64 x ``columns`` floats."""
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+            helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+            helper.make_node("Relu", ["a"], ["y"], name="relu"),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", columns])],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.1, (64, columns)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.normal(0, 0.1, (columns,)).astype(np.float32), "b"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_large_weights_go_to_the_session_as_arrays(monkeypatch):
+    """An in-memory model's initializers of HANDED_BYTES or more are not serialized with
+    it: the session gets them as arrays (pre-packing on, as in the user's sessions), the
+    outputs are the same, and the caller's model is not changed."""
+    import onnxruntime as ort
+
+    model = _wide(512)  # W: 128 KiB, b: 2 KiB
+    before = model.SerializeToString()
+    sizes: list[int] = []
+    made_with: list[Any] = []
+    real_serialized, real_session = session_module.serialized, session_module.weights.session
+
+    def serialized(proto: onnx.ModelProto) -> bytes | None:
+        data = real_serialized(proto)
+        sizes.append(len(data or b""))
+        return data
+
+    def handed(light: Any, blobs: Any, opts: Any, *args: Any, **kwargs: Any) -> Any:
+        made_with.append((sorted(blobs), kwargs.get("prepacking")))
+        session = real_session(light, blobs, opts, *args, **kwargs)
+        try:
+            made_with.append(opts.get_session_config_entry("session.disable_prepacking"))
+        except RuntimeError:  # not set
+            made_with.append("")
+        return session
+
+    monkeypatch.setattr(session_module, "serialized", serialized)
+    monkeypatch.setattr(session_module.weights, "session", handed)
+    session = session_module.create_session(model)
+    assert made_with[0] == (["W"], True)
+    assert made_with[1] in ("", "0")
+    assert max(sizes) < 64 * 512 * 4 // 4  # the wiring and the bias, not W
+    assert model.SerializeToString() == before
+    feed = {"x": np.random.default_rng(3).normal(0, 1, (5, 64)).astype(np.float32)}
+    plain = ort.InferenceSession(before, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, feed)[0], plain.run(None, feed)[0])
+    # Small weights: the model is serialized whole, as before.
+    sizes.clear()
+    made_with.clear()
+    session_module.create_session(_wide(8))
+    assert made_with == [] and len(sizes) == 1
+
+
 def test_evaluation_outputs_do_not_hold_ort_buffers():
     """A metric may keep what the model returned (the fidelity check's fp32 reference):
     ORT's outputs are views of its buffers, and one kept view keeps the session's whole
