@@ -150,6 +150,31 @@ def shell(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+#: Float initializers at least this large enter :func:`for_shape_inference` as typed
+#: inputs, without their values (weights: only their shapes matter there).
+SHAPE_ONLY_BYTES = 1024
+
+
+def for_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for shape inference only: large float initializers become typed
+    graph inputs (no data copied); integer and small initializers keep their values (they
+    compute shapes: Reshape targets, Resize scales). onnx's inference serializes the model
+    it is given and parses its result back: with the weights, three copies of them."""
+    from onnx import TensorProto, helper
+
+    source = model.graph
+    light = shell(model)
+    graph = light.graph
+    listed = {given.name for given in source.input}
+    for init in source.initializer:
+        integer = init.data_type in (TensorProto.INT64, TensorProto.INT32)
+        if integer or tensor_bytes(init) < SHAPE_ONLY_BYTES:
+            graph.initializer.append(init)
+        elif init.name not in listed:
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    return light
+
+
 def _copy_fields(dst: Any, src: Any, skip: str) -> None:
     for field, value in src.ListFields():
         if field.name == skip:

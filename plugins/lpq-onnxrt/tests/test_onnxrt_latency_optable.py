@@ -148,6 +148,35 @@ def test_signatures_are_shared_by_the_same_op_in_another_model(digits):
     assert LatencyTable.key(changed) != LatencyTable.key(conv1)
 
 
+def test_signatures_read_weights_as_types_and_shapes_not_values(digits, monkeypatch):
+    """Shape inference gets the graph with the large weights as typed inputs (it
+    serializes what it is given): their signature is their type and shape all the same."""
+    model = digits["prepared"].model
+    given: list[int] = []
+    infer = onnx.shape_inference.infer_shapes
+
+    def counted(proto: onnx.ModelProto, *args: Any, **kwargs: Any) -> onnx.ModelProto:
+        given.append(proto.ByteSize())
+        return infer(proto, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted)
+    sigs = signature.signatures(model, digits["plan"], FEED)
+    large = [i for i in model.graph.initializer if i.ByteSize() >= 1024]
+    assert large and given and max(given) < model.ByteSize() - sum(i.ByteSize() for i in large)
+    inits = {init.name: init for init in model.graph.initializer}
+    checked = 0
+    for node in model.graph.node:
+        found = sigs.get(node.name)
+        if found is None:
+            continue
+        for position, name in enumerate(node.input):
+            if name in inits:
+                expected = [inits[name].data_type, list(inits[name].dims)]
+                assert found["inputs"][position] == expected
+                checked += inits[name] in large
+    assert checked
+
+
 def test_op_types_are_decided_from_the_table_without_timing_them(digits):
     """The table finds the convs 3x faster in int8: kept int8, not built, not timed. It
     finds the Gemm and MatMul 2x slower: that direction is timed in the model (an op's

@@ -147,7 +147,8 @@ def test_fast_rewiring_keeps_no_build_alive():
 def test_shape_inference_sees_weights_as_typed_inputs_and_keeps_shape_constants():
     from onnx import TensorProto, helper
 
-    from lpq_onnxrt.passes.static import _with_inferred_shapes, _without_weights
+    from lpq_onnxrt.passes.static import _with_inferred_shapes
+    from lpq_onnxrt.weights import for_shape_inference
 
     weight = numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w")  # 1152 bytes
     shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
@@ -166,7 +167,7 @@ def test_shape_inference_sees_weights_as_typed_inputs_and_keeps_shape_constants(
         [weight, shape, scale],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    light = _without_weights(model)
+    light = for_shape_inference(model)
     assert [i.name for i in light.graph.initializer] == ["shape", "small"]
     typed = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in light.graph.input}
     assert typed == {"x": [1, 4, 6, 6], "w": [8, 4, 3, 3]}

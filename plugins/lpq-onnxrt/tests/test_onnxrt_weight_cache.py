@@ -94,11 +94,11 @@ def test_without_a_cache_ort_is_unchanged(parts):
 def test_proto_limit_is_told_from_shapes_without_serializing(parts, monkeypatch):
     """``_over_proto_limit`` answers as ``ByteSize`` would, and serializes the whole model
     only near the limit."""
-    from lpq_onnxrt import model_io
+    from lpq_onnxrt import model_io, weights
     from lpq_onnxrt.passes import static
 
     model = model_io.copy_model(parts["model"])
-    light = static._without_weights(model)
+    light = weights.for_shape_inference(model)
     size = model.ByteSize()
     calls: list[int] = []
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import model_io
+from .. import model_io, weights
 
 if TYPE_CHECKING:
     import onnx
@@ -34,12 +34,14 @@ def signatures(
     feed: Mapping[str, np.ndarray],
 ) -> dict[str, dict[str, Any] | None]:
     """Per op of ``plan``: its signature without the format, or None (shapes unknown).
-    Empty when the model's shapes cannot be inferred (e.g. over the protobuf limit)."""
+    Empty when the model's shapes cannot be inferred (e.g. over the protobuf limit).
+    Inferred on the graph with the weights as typed inputs, not values (a weight's
+    signature is its type and shape)."""
     import onnx
 
-    if model.ByteSize() >= model_io.PROTO_LIMIT:
+    fixed = weights.for_shape_inference(model)
+    if fixed.ByteSize() >= model_io.PROTO_LIMIT:
         return {}
-    fixed = model_io.copy_model(model)
     del fixed.graph.value_info[:]  # inferred afresh at the feed's shapes (no stale "N")
     for value in fixed.graph.input:
         if value.name not in feed:

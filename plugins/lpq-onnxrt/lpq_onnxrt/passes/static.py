@@ -191,16 +191,17 @@ def _with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     deep copy, saved to a temporary folder, shape-inferred file to file and loaded back
     (ddddocr rec, 54 MB: about 0.2 s and two extra copies of the model per build, and
     ``auto`` builds five). Here onnx infers on the graph without its weights' values
-    (:func:`_without_weights`) and the inferred nodes, outputs and value_info are set on
-    ``model`` in place: the same model (byte for byte on ddddocr rec/det and MTCNN),
-    and no copy of the weights (rec: peak 733 -> 640 MB). Over the protobuf limit, or
-    where onnx's inference fails, ORT's own path (files) is left to run."""
+    (:func:`lpq_onnxrt.weights.for_shape_inference`) and the inferred nodes, outputs and
+    value_info are set on ``model`` in place: the same model (byte for byte on ddddocr
+    rec/det and MTCNN), and no copy of the weights (rec: peak 733 -> 640 MB). Over the
+    protobuf limit, or where onnx's inference fails, ORT's own path (files) is left to
+    run."""
     import onnx
     from onnxruntime.quantization.quant_utils import add_infer_metadata, model_has_infer_metadata
 
     if model_has_infer_metadata(model):
         return model
-    light = _without_weights(model)
+    light = weights.for_shape_inference(model)
     if _over_proto_limit(model, light):
         return model
     try:
@@ -230,30 +231,6 @@ def _over_proto_limit(model: onnx.ModelProto, light: onnx.ModelProto) -> bool:
     if abs(estimate - model_io.PROTO_LIMIT) <= margin:
         return model.ByteSize() >= model_io.PROTO_LIMIT
     return estimate >= model_io.PROTO_LIMIT
-
-
-#: Float initializers at least this large enter :func:`_with_inferred_shapes`'s inference
-#: as typed inputs, without their values (weights: only their shapes matter there).
-_WEIGHT_BYTES = 1024
-
-
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` for shape inference only: large float initializers become typed
-    graph inputs (no data copied); integer and small initializers keep their values (they
-    compute shapes: Reshape targets, Resize scales)."""
-    from onnx import TensorProto, helper
-
-    source = model.graph
-    light = weights.shell(model)
-    graph = light.graph
-    listed = {given.name for given in source.input}
-    for init in source.initializer:
-        integer = init.data_type in (TensorProto.INT64, TensorProto.INT32)
-        if integer or weights.tensor_bytes(init) < _WEIGHT_BYTES:
-            graph.initializer.append(init)
-        elif init.name not in listed:
-            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
-    return light
 
 
 def _run_quantizer(
