@@ -423,9 +423,10 @@ def test_latency_batch_size_times_at_the_deployment_batch(pm, mlp_model, calib_l
 
 
 def test_one_sample_cuts_only_the_loaders_batch_axis():
-    """The default timing feed: one sample of the calibration batch. A recurrent state
-    batches on axis 1; ddddocr's recognizer [1, 1, 64, W] has a symbolic width, not a
-    batch; an input without a symbolic axis (a sample rate) stays whole."""
+    """The default timing feed: one sample of the calibration batch, also where that batch
+    is short (fewer samples than the loader's batch). A recurrent state batches on axis 1;
+    ddddocr's recognizer [1, 1, 64, W] has a symbolic width, not a batch; an input without
+    a symbolic axis (a sample rate) stays whole."""
     from lpq_onnxrt.data import InputSpec
 
     specs = [
@@ -438,7 +439,8 @@ def test_one_sample_cuts_only_the_loaders_batch_axis():
         "state": np.zeros((2, 5, 4), np.float32),
         "sr": np.array(16000),
     }
-    for loader_batch in (5, None):  # said by the loader, or read off axis 0
+    # said by the loader, read off axis 0, or a short batch (5 samples, batches of 32)
+    for loader_batch in (5, None, 32):
         got = aware.one_sample(specs, feed, loader_batch)
         assert {k: np.shape(v) for k, v in got.items()} == {
             "x": (1, 3, 8),
@@ -449,6 +451,7 @@ def test_one_sample_cuts_only_the_loaders_batch_axis():
     image = {"input1": np.zeros((1, 1, 64, 192), np.float32)}
     assert aware.one_sample(ocr, image, 1)["input1"].shape == (1, 1, 64, 192)
     assert aware.one_sample(ocr, image, None)["input1"].shape == (1, 1, 64, 192)
+    assert aware.one_sample(ocr, image, 32)["input1"].shape == (1, 1, 64, 192)
 
 
 def test_batched_feed_stacks_on_each_inputs_batch_axis():
