@@ -180,3 +180,27 @@ def test_quantize_prints_its_stages_when_piped(tmp_path):
     assert lines.index("lpq: quantizing...") < next(
         i for i, line in enumerate(lines) if line.startswith("quantized ")
     )
+
+
+@pytest.mark.parametrize(
+    ("fp32_ms", "quantized_ms", "warned"), [(9.0, 10.0, True), (10.0, 8.0, False)]
+)
+def test_a_written_model_slower_than_fp32_is_said_plainly(tmp_path, fp32_ms, quantized_ms, warned):
+    """The fidelity check's timing is printed as "x fp32 speed"; under 0.95 of fp32 the
+    user is told in a warning line, not left to read a ratio."""
+    import io
+
+    from rich.console import Console
+
+    from lpq.cli.tuning import _print_fidelity
+    from lpq.eval.fidelity import Fidelity
+
+    model, written = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    model.write_bytes(b"0" * 400)
+    written.write_bytes(b"0" * 100)
+    fidelity = Fidelity("agreement", 1.0, "class scores", 4, "held out", fp32_ms, quantized_ms, 1)
+    stream = io.StringIO()
+    _print_fidelity(Console(file=stream, width=300), fidelity, str(model), written)
+    text = stream.getvalue()
+    assert f"{fp32_ms / quantized_ms:.2f}x fp32 speed (batch 1)" in text
+    assert ("slower than fp32 in this check" in text) is warned

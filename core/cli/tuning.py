@@ -432,6 +432,11 @@ def _refuse_unquantized(result: Any, quantized: int, source: str) -> None:
     )
 
 
+#: The fidelity check's speed ratio under which ``lpq quantize`` warns that the model it
+#: wrote is slower than fp32 (below 1 by more than that short timing's noise).
+SLOWER_WARN_BELOW = 0.95
+
+
 def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> None:
     """Fidelity beside speedup and size; below the warning bound, said plainly."""
     from ..eval.fidelity import DEFAULT_WARN_BELOW
@@ -454,6 +459,13 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
         f"{fidelity.held_out_from}); {speed}{size}"
     )
     console.print(f"  ({fidelity.metric}: {fidelity.reason})")
+    if fidelity.speedup is not None and fidelity.speedup < SLOWER_WARN_BELOW:
+        console.print(
+            f"[yellow]warning[/]: the written model ran {1 / fidelity.speedup:.2f}x slower "
+            "than fp32 in this check: on this CPU int8 does not pay for this model (small "
+            "models and models with many float ops gain little). Time it where it will be "
+            "served, or keep the fp32 model."
+        )
     if fidelity.value < DEFAULT_WARN_BELOW:
         console.print(
             f"[yellow]warning[/]: fidelity {fidelity.value:.3f} is below "
