@@ -129,8 +129,9 @@ def create_session(
     (or a :class:`~lpq_onnxrt.model_io.ModelFile`) is opened by ORT itself (with its
     external data, the model held once). ModelError when ORT cannot load the model.
 
-    An in-memory model's initializers of :data:`HANDED_BYTES` or more are handed to ORT
-    as arrays (``add_external_initializers``) and the rest of the model is serialized:
+    An in-memory model's initializers of :data:`HANDED_BYTES` or more (but fp32 conv
+    weights) are handed to ORT as arrays (``add_external_initializers``) and the rest of
+    the model is serialized:
     serializing them, and ORT parsing and copying them, cost more than the session
     itself (MiniLM, 90 MB: 0.31 -> 0.14 CPU s and 115k -> 32k page faults a session,
     the same outputs and latency). ``session_options`` is used for this one session."""
@@ -147,8 +148,8 @@ def create_session(
         if not opts.optimized_model_filepath and any(
             weights.nbytes(init) >= HANDED_BYTES for init in model.graph.initializer
         ):
-            light, blobs = weights.detach(model, min_bytes=HANDED_BYTES)
-            if serialized(light) is not None:
+            light, blobs = weights.detach(model, HANDED_BYTES, inline=_conv_weights(model))
+            if blobs and serialized(light) is not None:
                 return weights.session(light, blobs, opts, prov, prepacking=True)
         data = serialized(model)
         if data is not None:
@@ -164,6 +165,23 @@ def create_session(
             hint="check the model with onnx.checker.check_model; ops must be supported by "
             "the execution provider",
         ) from None
+
+
+def _conv_weights(model: onnx.ModelProto) -> set[str]:
+    """The initializers fp32 convolutions read as their weight. ORT reorders those into a
+    layout of its own (NCHWc) and drops the original, which it cannot do with an array it
+    was handed: kept serialized (ddddocr rec, 51 MB of conv weights: handed, every fp32
+    session held them twice, peak +45 MB)."""
+    from onnx import TensorProto
+
+    floats = {init.name for init in model.graph.initializer if init.data_type == TensorProto.FLOAT}
+    return {
+        node.input[1]
+        for node in model.graph.node
+        if node.op_type in ("Conv", "ConvTranspose")
+        and len(node.input) > 1
+        and node.input[1] in floats
+    }
 
 
 @functools.cache

@@ -17,7 +17,7 @@ is given.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,12 +192,13 @@ def detach(
     min_bytes: int | None = None,
     base_dir: str | os.PathLike[str] | None = None,
     blobs: Blobs | None = None,
+    inline: Collection[str] = (),
 ) -> tuple[onnx.ModelProto, Blobs]:
     """A copy of ``model`` (not modified) whose initializers of ``min_bytes`` or more are
     header-only, and their values by name. ``base_dir`` is where external data files of
     ``model`` are (a model loaded with ``load_external_data=False``). Initializers already
     detached stay so, their values taken from ``blobs``. Without ``base_dir``, tensors
-    whose data is in external files stay as they are."""
+    whose data is in external files stay as they are; so do those named in ``inline``."""
     import onnx
 
     base = Path(base_dir) if base_dir is not None else None
@@ -213,7 +214,12 @@ def detach(
                 out[init.name] = blobs[init.name]
             continue
         size = nbytes(init)
-        if size and size >= min_bytes and (base is not None or not _external(init)):
+        if (
+            size
+            and size >= min_bytes
+            and init.name not in inline
+            and (base is not None or not _external(init))
+        ):
             out[init.name] = np.ascontiguousarray(_value(init, base))
             light.graph.initializer.append(_header(init))
         elif _external(init) and base is not None:

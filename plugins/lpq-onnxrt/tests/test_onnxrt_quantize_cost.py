@@ -201,6 +201,42 @@ def test_large_weights_go_to_the_session_as_arrays(monkeypatch):
     assert made_with == [] and len(sizes) == 1
 
 
+def test_fp32_conv_weights_stay_serialized(monkeypatch):
+    """ORT reorders an fp32 conv's weight into its own layout and drops the original; an
+    array handed to it would stay held beside the copy."""
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "C"], ["c"], name="conv"),
+            helper.make_node("Flatten", ["c"], ["f"], name="flat"),
+            helper.make_node("MatMul", ["f", "W"], ["y"], name="mm"),
+        ],
+        "conv_then_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.1, (512, 64, 1, 1)).astype(np.float32), "C"),
+            numpy_helper.from_array(rng.normal(0, 0.1, (4608, 256)).astype(np.float32), "W"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    handed: list[list[str]] = []
+    real = session_module.weights.session
+
+    def watched(light: Any, blobs: Any, *args: Any, **kwargs: Any) -> Any:
+        handed.append(sorted(blobs))
+        return real(light, blobs, *args, **kwargs)
+
+    monkeypatch.setattr(session_module.weights, "session", watched)
+    session = session_module.create_session(model)
+    assert handed == [["W"]]  # C (128 KiB) is a conv weight: serialized
+    feed = {"x": rng.normal(0, 1, (1, 64, 3, 3)).astype(np.float32)}
+    import onnxruntime as ort
+
+    plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, feed)[0], plain.run(None, feed)[0])
+
+
 def test_evaluation_outputs_do_not_hold_ort_buffers():
     """A metric may keep what the model returned (the fidelity check's fp32 reference):
     ORT's outputs are views of its buffers, and one kept view keeps the session's whole
