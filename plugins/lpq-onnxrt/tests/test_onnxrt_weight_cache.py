@@ -92,10 +92,10 @@ def test_without_a_cache_ort_is_unchanged(parts):
 
 
 def test_proto_limit_is_told_from_shapes_without_serializing(parts, monkeypatch):
-    """``_over_proto_limit`` answers as ``ByteSize`` would, and serializes the whole model
+    """``over_proto_limit`` answers as ``ByteSize`` would, and serializes the whole model
     only near the limit."""
     from lpq_onnxrt import model_io, weights
-    from lpq_onnxrt.passes import static
+    from lpq_onnxrt.passes import quantizer
 
     model = model_io.copy_model(parts["model"])
     light = weights.for_shape_inference(model)
@@ -119,7 +119,7 @@ def test_proto_limit_is_told_from_shapes_without_serializing(parts, monkeypatch)
     ]:
         calls.clear()
         monkeypatch.setattr(model_io, "PROTO_LIMIT", limit)
-        assert static._over_proto_limit(counted, light) is over  # type: ignore[arg-type]
+        assert quantizer.over_proto_limit(counted, light) is over  # type: ignore[arg-type]
         assert bool(calls) is exact
 
 

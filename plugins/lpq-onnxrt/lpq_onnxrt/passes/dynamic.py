@@ -11,7 +11,14 @@ from lpq import ConfigError, ModelError, OpConfig, TensorConfig, TuneConfig
 
 from .. import model_io
 from ..latency import fidelity
-from .quantizer import quant_type, quiet_quantizer, reduce_range, tensor_key
+from .quantizer import (
+    quant_type,
+    quiet_quantizer,
+    reduce_range,
+    shapes_inferred_in_memory,
+    tensor_key,
+    with_inferred_shapes,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -46,23 +53,27 @@ def _quantize_dynamic(
     model = update_opset_version(model, weight_type)
     if weight.granularity == "per_channel":
         model = model_io.upgrade_opset(model, 13)
+    # Shapes inferred in memory, not by ORT through files: on entry (marked, as the static
+    # pass does) and after ORT rewrites Gemms as MatMuls (shapes_inferred_in_memory).
+    model = with_inferred_shapes(model)
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(names)})
     extra = {"MatMulConstBOnly": True, "WeightSymmetric": weight.scheme == "sym"}
     try:
-        quantizer = ONNXQuantizer(
-            model,
-            weight.granularity == "per_channel",
-            reduce_range(weight),
-            QuantizationMode.IntegerOps,
-            False,
-            weight_type,
-            QuantType.QUInt8,
-            None,
-            names,
-            [],
-            op_types,
-            extra,
-        )
+        with shapes_inferred_in_memory():
+            quantizer = ONNXQuantizer(
+                model,
+                weight.granularity == "per_channel",
+                reduce_range(weight),
+                QuantizationMode.IntegerOps,
+                False,
+                weight_type,
+                QuantType.QUInt8,
+                None,
+                names,
+                [],
+                op_types,
+                extra,
+            )
         with quiet_quantizer():
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:

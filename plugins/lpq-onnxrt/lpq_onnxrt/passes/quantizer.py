@@ -1,6 +1,7 @@
 """What the passes that call ONNX Runtime's quantizers share: lpq dtypes as ORT quant
-types, a hashable key for tensor settings, and quieting the warnings ORT's quantizers
-log about things lpq expects."""
+types, a hashable key for tensor settings, the shape inference ORT's quantizers would
+otherwise run through files, and quieting the warnings ORT's quantizers log about things
+lpq expects."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lpq import ConfigError, OpConfig, TensorConfig
+
+from .. import model_io, weights
 
 if TYPE_CHECKING:
     import onnx
@@ -206,6 +209,108 @@ def fast_lookups(quantizer: Any) -> Iterator[None]:
     finally:
         for module, original in saved:
             module.find_by_name = original
+
+
+def with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with onnx's shape inference, marked as ORT's quantizers mark it.
+
+    Unmarked, ORT's quantizers start with ``save_and_reload_model_with_shape_infer``: a
+    deep copy, saved to a temporary folder, shape-inferred file to file and loaded back
+    (ddddocr rec, 54 MB: about 0.2 s and two extra copies of the model per build, and
+    ``auto`` builds five; MiniLM's dynamic pass, 86 MB: the peak of its quantization).
+    Here onnx infers on the graph without its weights' values
+    (:func:`lpq_onnxrt.weights.for_shape_inference`) and the inferred nodes, outputs and
+    value_info are set on ``model`` in place: the same model (byte for byte on ddddocr
+    rec/det and MTCNN), and no copy of the weights (rec: peak 733 -> 640 MB). Over the
+    protobuf limit, or where onnx's inference fails, ORT's own path (files) is left to
+    run."""
+    from onnxruntime.quantization.quant_utils import add_infer_metadata, model_has_infer_metadata
+
+    if not model_has_infer_metadata(model) and _infer_in_place(model):
+        add_infer_metadata(model)
+    return model
+
+
+def _infer_in_place(model: onnx.ModelProto) -> bool:
+    """onnx's shape inference on ``model``'s graph without the weights' values, its nodes,
+    outputs and value_info set on ``model``; False (nothing changed) over the protobuf
+    limit or where onnx's inference fails."""
+    import onnx
+
+    light = weights.for_shape_inference(model)
+    if over_proto_limit(model, light):
+        return False
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except Exception:  # onnx's own error types; ORT's path then runs as it always did
+        return False
+    graph = model.graph
+    for field in ("node", "output", "value_info"):
+        target = getattr(graph, field)
+        del target[:]
+        target.extend(getattr(inferred.graph, field))
+    return True
+
+
+_IN_MEMORY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "lpq_onnxrt_shapes_in_memory", default=False
+)
+
+
+@contextlib.contextmanager
+def shapes_inferred_in_memory() -> Iterator[None]:
+    """While the block runs, ORT's dynamic quantizer re-infers shapes in memory.
+
+    After it rewrites Gemms as MatMuls, ``ONNXQuantizer`` (dynamic) always calls
+    ``save_and_reload_model_with_shape_infer``: a deep copy of the model written to a
+    temporary folder with its weights, inferred file to file and loaded back (MiniLM, 86
+    MB: the peak of a default ``lpq quantize``). Here the same inference runs on the
+    model itself, which ORT then goes on with; ORT's function where that cannot be done.
+    The written model has the same graph and values (ORT's round trip also left each
+    tensor's ``data_location`` set to its default, so the bytes differ there)."""
+    _patch_save_and_reload()
+    token = _IN_MEMORY.set(True)
+    try:
+        yield
+    finally:
+        _IN_MEMORY.reset(token)
+
+
+def _patch_save_and_reload() -> None:
+    """Route ``onnx_quantizer.save_and_reload_model_with_shape_infer`` through
+    :func:`_infer_in_place` inside :func:`shapes_inferred_in_memory`; outside it, ORT's
+    function, unchanged. Done once per process."""
+    from onnxruntime.quantization import onnx_quantizer
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    original = onnx_quantizer.save_and_reload_model_with_shape_infer
+    if getattr(original, "_lpq_in_memory", False):
+        return
+
+    def save_and_reload_model_with_shape_infer(model: onnx.ModelProto) -> onnx.ModelProto:
+        if _IN_MEMORY.get() and _infer_in_place(model):
+            add_infer_metadata(model)
+            return model
+        return original(model)
+
+    save_and_reload_model_with_shape_infer._lpq_in_memory = True  # type: ignore[attr-defined]
+    onnx_quantizer.save_and_reload_model_with_shape_infer = save_and_reload_model_with_shape_infer
+
+
+def over_proto_limit(model: onnx.ModelProto, light: onnx.ModelProto) -> bool:
+    """Whether ``model`` serializes to at least ``PROTO_LIMIT`` bytes, told without
+    serializing it where the answer is clear: ``light`` (its graph without the weights'
+    values) plus the bytes of the values left out, from their shapes. ``model.ByteSize()``
+    serializes the whole model (ddddocr rec, 54 MB: 60 ms, in every build) and runs only
+    where that estimate is within a margin of the limit."""
+    kept = {init.name for init in light.graph.initializer}
+    left_out = [init for init in model.graph.initializer if init.name not in kept]
+    estimate = light.ByteSize() + sum(weights.tensor_bytes(init) for init in left_out)
+    # headers (name, dims, type) of the left-out tensors, and a wide margin besides
+    margin = (64 << 20) + 512 * len(left_out)
+    if abs(estimate - model_io.PROTO_LIMIT) <= margin:
+        return model.ByteSize() >= model_io.PROTO_LIMIT
+    return estimate >= model_io.PROTO_LIMIT
 
 
 class _QuantizerNoise(logging.Filter):

@@ -18,7 +18,7 @@ import numpy as np
 
 from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 
-from .. import graph, model_io, range_choice, ranges, weights
+from .. import graph, model_io, range_choice, ranges
 from .quantizer import (
     WeightCache,
     fast_lookups,
@@ -29,6 +29,7 @@ from .quantizer import (
     quiet_quantizer,
     reduce_range,
     tensor_key,
+    with_inferred_shapes,
 )
 
 if TYPE_CHECKING:
@@ -184,55 +185,6 @@ def _add_weight_overrides(
         overrides[weight_name] = [entry]
 
 
-def _with_inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with onnx's shape inference, marked as ORT's quantizers mark it.
-
-    Unmarked, ORT's quantizers start with ``save_and_reload_model_with_shape_infer``: a
-    deep copy, saved to a temporary folder, shape-inferred file to file and loaded back
-    (ddddocr rec, 54 MB: about 0.2 s and two extra copies of the model per build, and
-    ``auto`` builds five). Here onnx infers on the graph without its weights' values
-    (:func:`lpq_onnxrt.weights.for_shape_inference`) and the inferred nodes, outputs and
-    value_info are set on ``model`` in place: the same model (byte for byte on ddddocr
-    rec/det and MTCNN), and no copy of the weights (rec: peak 733 -> 640 MB). Over the
-    protobuf limit, or where onnx's inference fails, ORT's own path (files) is left to
-    run."""
-    import onnx
-    from onnxruntime.quantization.quant_utils import add_infer_metadata, model_has_infer_metadata
-
-    if model_has_infer_metadata(model):
-        return model
-    light = weights.for_shape_inference(model)
-    if _over_proto_limit(model, light):
-        return model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(light)
-    except Exception:  # onnx's own error types; ORT's path then runs as it always did
-        return model
-    graph = model.graph
-    for field in ("node", "output", "value_info"):
-        target = getattr(graph, field)
-        del target[:]
-        target.extend(getattr(inferred.graph, field))
-    add_infer_metadata(model)
-    return model
-
-
-def _over_proto_limit(model: onnx.ModelProto, light: onnx.ModelProto) -> bool:
-    """Whether ``model`` serializes to at least ``PROTO_LIMIT`` bytes, told without
-    serializing it where the answer is clear: ``light`` (its graph without the weights'
-    values) plus the bytes of the values left out, from their shapes. ``model.ByteSize()``
-    serializes the whole model (ddddocr rec, 54 MB: 60 ms, in every build) and runs only
-    where that estimate is within a margin of the limit."""
-    kept = {init.name for init in light.graph.initializer}
-    left_out = [init for init in model.graph.initializer if init.name not in kept]
-    estimate = light.ByteSize() + sum(weights.tensor_bytes(init) for init in left_out)
-    # headers (name, dims, type) of the left-out tensors, and a wide margin besides
-    margin = (64 << 20) + 512 * len(left_out)
-    if abs(estimate - model_io.PROTO_LIMIT) <= margin:
-        return model.ByteSize() >= model_io.PROTO_LIMIT
-    return estimate >= model_io.PROTO_LIMIT
-
-
 def _run_quantizer(
     model: onnx.ModelProto,
     to_quantize: list[str],
@@ -257,7 +209,7 @@ def _run_quantizer(
     act_type = quant_type(defaults.activation.dtype)
     weight_type = quant_type(defaults.weight.dtype)
     model = update_opset_version(model, weight_type, act_type, tensor_quant_overrides=overrides)
-    model = _with_inferred_shapes(model)
+    model = with_inferred_shapes(model)
     op_types = sorted({node.op_type for node in model.graph.node if node.name in set(to_quantize)})
     tensors_range = TensorsData(CalibrationMethod.MinMax, data)
     try:
