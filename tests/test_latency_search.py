@@ -853,6 +853,31 @@ def test_only_each_variants_plan_is_kept_built_without_keep_builds() -> None:
     assert len(plain) == 1  # the plan as asked once; the rest as often as asked
 
 
+def test_each_variants_plan_is_let_go_once_an_op_has_left_it() -> None:
+    """Without keep_builds, the plans as asked are held only while the search may ask for
+    them again: once an op is in float or in the alternative mode, it never does."""
+    from lpq.latency.judging import Judge
+
+    parts = _chain(c1=0.5, c2=0.5, a1=2.0, a2=2.0)
+    backend = _without(
+        ModeBackend(parts["ops"], float_ms=parts["float_ms"], quant_ms={"qdq": parts["q"]}),
+        "error",
+    )
+    backend.rules = replace(backend.rules, keep_builds=False)
+    judge = Judge(backend, backend.compare, backend.rules, None)
+    plan = judge.build(frozenset(), "qdq", frozenset())
+    assert judge.build(frozenset(), "qdq", frozenset()) is plan and judge._built
+    judge.keep = frozenset({"c1"})
+    judge.build(frozenset({"c1", "c2"}), "qdq", frozenset())
+    assert not judge._built
+    kept = replace(backend.rules, keep_builds=True)
+    judge = Judge(backend, backend.compare, kept, None)
+    judge.build(frozenset(), "qdq", frozenset())
+    judge.keep = frozenset({"c1"})
+    judge.build(frozenset({"c1", "c2"}), "qdq", frozenset())
+    assert len(judge._built) == 2
+
+
 def test_a_decision_with_variant_and_alternatives_round_trips_through_json() -> None:
     backend = _without(_mlp(alt=0.6), "error")
     backend.verdict = lambda *a: None  # type: ignore[assignment]

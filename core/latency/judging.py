@@ -83,6 +83,12 @@ class Judge:
         key = (keep, variant, alt)
         if key in self._built:
             return self._built[key]
+        if not self.rules.keep_builds and (self.keep or self.alt):
+            # Each variant's plan as asked is asked for again only while no op has left it
+            # (choosing the variant, each other variant's own steps); past that, the
+            # search never returns to it, and holding it held a copy of the model per
+            # variant through the rest of the search (MiniLM: 42 MB).
+            self._built.clear()
         # A backend with variants or alternatives takes them; the others, the float ops.
         build: Callable[..., Any] = self.backend.build
         model = build(keep, variant, alt) if self.modes else build(keep)
