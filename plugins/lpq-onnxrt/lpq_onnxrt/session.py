@@ -131,10 +131,10 @@ def create_session(
 
     An in-memory model's initializers of :data:`HANDED_BYTES` or more (but fp32 conv
     weights) are handed to ORT as arrays (``add_external_initializers``) and the rest of
-    the model is serialized:
-    serializing them, and ORT parsing and copying them, cost more than the session
-    itself (MiniLM, 90 MB: 0.31 -> 0.14 CPU s and 115k -> 32k page faults a session,
-    the same outputs and latency). ``session_options`` is used for this one session."""
+    the model is serialized: serializing them, and ORT parsing and copying them, cost
+    more than the session itself (MiniLM, 90 MB: 0.31 -> 0.14 CPU s and 115k -> 32k page
+    faults a session, the same outputs and latency). ``session_options`` is used for
+    this one session."""
     import onnx
     import onnxruntime as ort
 
