@@ -32,7 +32,7 @@ Layouts read (``layout="auto"`` tells them apart by shape, see :func:`detect_lay
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -173,8 +173,8 @@ def gfl_pairs(outputs: Sequence[np.ndarray]) -> tuple[tuple[int, int], ...] | No
         if len(pair) != 2:
             return None
         first, second = (outputs[i] for i in pair)
-        scores, dists = pair if _in_unit(first) and not _in_unit(second) else pair[::-1]
-        if not _in_unit(outputs[scores]) or _in_unit(outputs[dists]):
+        scores, dists = pair if in_unit(first) and not in_unit(second) else pair[::-1]
+        if not in_unit(outputs[scores]) or in_unit(outputs[dists]):
             return None
         width = outputs[dists].shape[2]
         if width % 4 or width < 8:
@@ -183,7 +183,8 @@ def gfl_pairs(outputs: Sequence[np.ndarray]) -> tuple[tuple[int, int], ...] | No
     return tuple(sorted(pairs, key=lambda pair: -outputs[pair[0]].shape[1]))
 
 
-def _in_unit(values: np.ndarray) -> bool:
+def in_unit(values: np.ndarray) -> bool:
+    """Values that can be probabilities: not empty, all within [0, 1] (to 1e-6)."""
     return bool(values.size and values.min() >= -1e-6 and values.max() <= 1 + 1e-6)
 
 
@@ -222,7 +223,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def _needs_sigmoid(scores: np.ndarray) -> bool:
     """Raw logits rather than probabilities: values outside [0, 1]."""
-    return bool(scores.size and (scores.min() < -1e-6 or scores.max() > 1 + 1e-6))
+    return bool(scores.size) and not in_unit(scores)
 
 
 def _cxcywh_to_xyxy(b: np.ndarray) -> np.ndarray:
@@ -317,7 +318,7 @@ def _decode_gfl(levels: list[tuple[np.ndarray, np.ndarray]], opt: DecodeOptions)
         classes.append(best.astype(np.int64))
         scores.append(probs[np.arange(count), best])
         start += count
-    every = DecodeOptions(**{**vars(opt), "max_detections": max(start, opt.max_detections)})
+    every = replace(opt, max_detections=max(start, opt.max_detections))
     return _select(np.concatenate(boxes), np.concatenate(scores), np.concatenate(classes), every)
 
 
@@ -379,8 +380,7 @@ def decode(
         return [_decode_ssd(b, s, opt) for b, s in zip(boxes, scores)]
     if layout == "gfl":
         pairs = opt.levels if opt.levels is not None else gfl_pairs(outputs)
-        levels = None if pairs is None else [(outputs[s], outputs[d]) for s, d in pairs]
-        if levels is None:
+        if pairs is None:
             shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
             raise DataError(
                 f"detection: the GFL layout needs 3-D scores (B, A, C) in [0, 1] and "
@@ -388,7 +388,7 @@ def decode(
                 hint=_LAYOUT_HINT,
             )
         return [
-            _decode_gfl([(scores[i], dists[i]) for scores, dists in levels], opt)
+            _decode_gfl([(outputs[s][i], outputs[d][i]) for s, d in pairs], opt)
             for i in range(len(head))
         ]
     if layout == "nms":

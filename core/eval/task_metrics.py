@@ -36,6 +36,7 @@ from .task_detection import (
     decode,
     detect_layout,
     gfl_levels,
+    in_unit,
     match,
     nms,
     outputs_list,
@@ -234,14 +235,7 @@ def _box_scores_plausible(boxes: np.ndarray, scores: np.ndarray) -> bool:
     """A raw YOLO head: box coordinates in pixels (some > 1, widths/heights >= 0) and
     class scores that are probabilities (within [0, 1]). Sequence outputs, embeddings and
     logits fail one of these."""
-    return bool(
-        boxes.size
-        and scores.size
-        and boxes.max() > 1.0
-        and boxes[..., 2:4].min() >= 0
-        and scores.min() >= -1e-6
-        and scores.max() <= 1 + 1e-6
-    )
+    return bool(boxes.size and boxes.max() > 1.0 and boxes[..., 2:4].min() >= 0 and in_unit(scores))
 
 
 def _shape(x: np.ndarray) -> str:
@@ -254,12 +248,7 @@ def _detection_choice(outs: list[np.ndarray]) -> MetricChoice | None:
         a, b = outs[0], outs[1]
         if a.ndim == 3 and b.ndim == 3 and a.shape[:2] == b.shape[:2] and a.shape[1] > 100:
             boxes, scores = (a, b) if a.shape[2] == 4 else (b, a)
-            if (
-                boxes.shape[2] == 4
-                and scores.shape[2] >= 1
-                and scores.min() >= -1e-6
-                and scores.max() <= 1 + 1e-6
-            ):
+            if boxes.shape[2] == 4 and scores.shape[2] >= 1 and in_unit(scores):
                 return MetricChoice(
                     "detection_f1",
                     f"outputs {_shape(boxes)} + {_shape(scores)}: SSD-style boxes and "
@@ -365,10 +354,10 @@ def choose_task_metric(
     if head is None or head.size == 0:
         return None
     shape = _shape(head)
-    in_unit = bool(head.min() >= -1e-6 and head.max() <= 1 + 1e-6)
+    probabilities = in_unit(head)
     if head.ndim == 4 and 1 in (head.shape[1], head.shape[3]):
         h, w = (head.shape[2], head.shape[3]) if head.shape[1] == 1 else head.shape[1:3]
-        if h >= 16 and w >= 16 and in_unit:
+        if h >= 16 and w >= 16 and probabilities:
             return MetricChoice(
                 "mask_iou", f"output {shape}: a probability map in [0, 1] -> mask IoU at 0.5"
             )
