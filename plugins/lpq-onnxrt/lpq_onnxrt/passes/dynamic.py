@@ -11,6 +11,7 @@ from lpq import ConfigError, ModelError, OpConfig, TensorConfig, TuneConfig
 
 from .. import model_io
 from ..latency import fidelity
+from .channelwise import vectorized
 from .quantizer import (
     quant_type,
     quiet_quantizer,
@@ -74,7 +75,7 @@ def _quantize_dynamic(
                 op_types,
                 extra,
             )
-        with quiet_quantizer():
+        with quiet_quantizer(), vectorized(quantizer):
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise ModelError(

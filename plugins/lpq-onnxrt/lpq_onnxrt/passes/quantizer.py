@@ -19,6 +19,7 @@ import numpy as np
 from lpq import ConfigError, OpConfig, TensorConfig
 
 from .. import model_io, weights
+from . import channelwise
 
 if TYPE_CHECKING:
     import onnx
@@ -575,6 +576,7 @@ def _patch_quantize_onnx_initializer() -> None:
     it is ORT's function, unchanged. Done once per process."""
     from onnxruntime.quantization import qdq_quantizer
 
+    channelwise.patch_quantize_onnx_initializer()  # under this one: a miss goes to it
     original = qdq_quantizer.quantize_onnx_initializer
     if getattr(original, "_lpq_cached", False):
         return

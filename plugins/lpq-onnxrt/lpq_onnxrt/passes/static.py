@@ -19,6 +19,7 @@ import numpy as np
 from lpq import ModelError, OpConfig, TensorConfig, TuneConfig
 
 from .. import graph, model_io, range_choice, ranges
+from .channelwise import vectorized
 from .quantizer import (
     WeightCache,
     fast_lookups,
@@ -243,7 +244,7 @@ def _run_quantizer(
             )
         fast_rewiring(quantizer)
         shared = weight_cache.active(quantizer) if weight_cache else contextlib.nullcontext()
-        with quiet_quantizer(), shared, fast_lookups(quantizer):
+        with quiet_quantizer(), vectorized(quantizer), shared, fast_lookups(quantizer):
             quantizer.quantize_model()
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         raise ModelError(
