@@ -662,6 +662,27 @@ def test_the_as_fast_edge_is_timed_only_for_a_change_that_cuts_the_error(
         assert 1.0 + margin in adds[1]
 
 
+def test_an_alternative_that_cuts_the_error_is_timed_once() -> None:
+    """The alternative-mode step's tie is ``Rules.tie``: its "as fast" edge (1 + tie) is
+    among the first comparison's edges already, so a change that cuts the error is not
+    timed a second time (MiniLM's dynamic step was, 50-100 rounds each)."""
+    backend = _EdgesSeen(
+        [("mm1", "MatMul"), ("mm2", "MatMul"), ("add", "Add")],
+        float_ms={"mm1": 2.0, "mm2": 2.0, "add": 0.5},
+        quant_ms={"qdq": {"mm1": 1.0, "mm2": 1.0, "add": 0.5}},
+        alt_ms={"mm1": 1.0, "mm2": 1.0, "add": 0.5},
+        quant_error={"mm1": 0.1, "mm2": 0.1},
+        alt_error={"mm1": 0.04, "mm2": 0.04},
+        bulk=["mm1", "mm2"],
+    )
+    decision = decide(backend)
+    first = decision.steps[0]
+    assert first.change == "2 ops -> dynamic" and first.kept  # as fast, more faithful
+    timed = [edges for keep, edges in backend.edges_seen if keep == frozenset()]
+    tie = backend.rules.tie
+    assert len(timed) == 1 and 1.0 + tie in timed[0]
+
+
 def test_only_a_blame_round_is_timed_against_the_loss_that_ends_the_rounds() -> None:
     """1 + margin (a blame round that loses by it ends the rounds) decides nothing for a
     format or the final step: a near-tie about 1.0 is not timed against it there."""

@@ -145,8 +145,10 @@ class Judge:
         # With error and a tie, "as fast" (1 + tie) decides only a change that cuts the
         # output error by fidelity_noise: timed against that edge only for such a change
         # (none of PP-OCRv4 rec's or ddddocr rec's op types; near-ties about 1.0 ran to
-        # the timing budget against it).
-        later = self.error is not None and tie > 0
+        # the timing budget against it). A tie of rules.tie or more is one of the first
+        # edges already (1 + max(tie, rules.tie)), so no second timing for it (MiniLM's
+        # dynamic-mode step timed the same question twice, 50-100 rounds each).
+        later = self.error is not None and 0 < tie < rules.tie
         found = self.compare(current, candidate, self.edges(need, tie, not later, loss))
         errors = None
         if self.error is not None and (
