@@ -89,6 +89,9 @@ class _CountedLoops:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from onnxruntime.quantization import base_quantizer, qdq_quantizer, quant_utils
 
+        from lpq_onnxrt.passes.channelwise import agrees_with_ort
+
+        agrees_with_ort()  # its once-per-process check calls ORT's functions: not counted
         self.calls = 0
         for module in (quant_utils, base_quantizer, qdq_quantizer):
             for name in ("quantize_nparray", "compute_data_quant_params", "quantize_data"):
@@ -222,3 +225,28 @@ def test_ort_functions_are_patched_once_per_process(parts):
     for cache in (None, WeightCache(), WeightCache()):
         _static(parts, "qdq", cache)
     assert qdq_quantizer.quantize_onnx_initializer is installed
+
+
+def test_an_ort_with_other_arithmetic_keeps_its_own_loops(parts, monkeypatch):
+    """Where the installed ORT computes other bits (here: every scale one float32 step
+    up), the check made once per process says so and ORT's own loops run."""
+    from onnxruntime.quantization import quant_utils
+
+    from lpq_onnxrt.passes import channelwise
+
+    original = quant_utils.compute_data_quant_params
+
+    def float32_range(data: Any, quant_type: Any, symmetric: Any, *args: Any, **kw: Any) -> Any:
+        zero_point, scale = original(data, quant_type, symmetric, *args, **kw)
+        return zero_point, np.array(np.nextafter(scale, np.float32(np.inf)), dtype=scale.dtype)
+
+    assert channelwise.agrees_with_ort()
+    monkeypatch.setattr(quant_utils, "compute_data_quant_params", float32_range)
+    channelwise.agrees_with_ort.cache_clear()
+    try:
+        assert not channelwise.agrees_with_ort()
+        counted = _CountedLoops(monkeypatch)
+        _static(parts, "qoperator")
+        assert counted.calls > 100  # ORT's loops ran
+    finally:
+        channelwise.agrees_with_ort.cache_clear()
