@@ -31,6 +31,7 @@ from .eval.data import (
     take_samples,
 )
 from .eval.evaluation import EvalResult, Inspection, LatencyMeasurer, Metric, evaluate_batches
+from .eval.runtimes import kept_runtime, runtimes_kept
 from .fileio import atomic_write, write_json
 from .hookspecs import hookimpl
 from .plan.capability import CapabilitySpec, FrameworkCapability, QuantCapability, TensorOptions
@@ -197,6 +198,7 @@ __all__ = [
     "hookimpl",
     "improves",
     "installed_version",
+    "kept_runtime",
     "lazy_job",
     "load_capability",
     "load_npz",
@@ -207,6 +209,7 @@ __all__ = [
     "requantize",
     "run_cache",
     "runs_quantized",
+    "runtimes_kept",
     "split_batch",
     "take_samples",
     "validate_capability_file",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -11,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lpq import DataError, EvalResult, LatencyMeasurer, Metric, ModelError, evaluate_batches
+from lpq import (
+    DataError,
+    EvalResult,
+    LatencyMeasurer,
+    Metric,
+    ModelError,
+    evaluate_batches,
+    kept_runtime,
+)
 
 from . import llm_io, model_io, weights
 from .batches import feed_runs_in_chunks, run_in_chunks
@@ -42,22 +51,48 @@ def runnable(
     with the session options it was quantized for, unless ``options`` overrides them. A
     model given as a file that normalisation leaves as it is, is opened by ONNX Runtime
     from the file (:func:`_from_file`); the proto returned then holds no weights.
+
+    Inside :func:`lpq.runtimes_kept` (the fidelity check's timing rounds) a model's
+    session for the same options is made once (:func:`lpq.kept_runtime`).
     """
     merged: dict[str, Any] = {}
     if isinstance(model, QuantizedModel):
         merged.update(model.options)
         merged.update(options or {})
-        return create_session(model.proto, merged), model.proto, merged
+        quantized = model
+        session = kept_runtime(
+            ("onnxrt", id(model), _options_key(merged)),
+            lambda: create_session(quantized.proto, merged),
+            holds=model,
+        )
+        return session, model.proto, merged
     merged.update(options or {})
     if isinstance(model, str | os.PathLike):
-        opened = _from_file(Path(model), merged)
+        path = Path(model)
+        stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+        opened = kept_runtime(
+            ("onnxrt", str(path.resolve()), stamp, _options_key(merged)),
+            lambda: _from_file(path, merged),
+        )
         if opened is not None:
             return opened[0], opened[1], merged
-    proto = model_io.to_proto(model)
-    if model_io.newer_than_ort_takes(proto):
-        proto = model_io.copy_model(proto)
-        model_io.normalize_versions(proto)
-    return create_session(proto, merged), proto, merged
+
+    def from_proto() -> tuple[onnxruntime.InferenceSession, onnx.ModelProto]:
+        proto = model_io.to_proto(model)
+        if model_io.newer_than_ort_takes(proto):
+            proto = model_io.copy_model(proto)
+            model_io.normalize_versions(proto)
+        return create_session(proto, merged), proto
+
+    session, proto = kept_runtime(
+        ("onnxrt", id(model), _options_key(merged)), from_proto, holds=model
+    )
+    return session, proto, merged
+
+
+def _options_key(options: dict[str, Any]) -> str:
+    """Session options as part of a :func:`lpq.kept_runtime` key."""
+    return json.dumps(options, sort_keys=True, default=repr)
 
 
 def _from_file(

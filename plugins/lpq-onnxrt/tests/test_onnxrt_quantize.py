@@ -648,3 +648,36 @@ def test_expected_ort_quantizer_warnings_go_to_the_debug_log(caplog):
     assert any("unsupported type to quantize" in r.getMessage() for r in caplog.records)
     logging.warning("Inference failed or unsupported type to quantize for tensor 'h'")
     assert "tensor 'h'" in caplog.text, "the filter is gone once the pass is done"
+
+
+def test_the_fidelity_gates_timing_rounds_make_one_session_per_model(
+    pm, lpq_sample_model, calib_loader, digits, monkeypatch
+):
+    """The gate times fp32 and int8 in alternating rounds, one ``evaluate`` each per
+    round; inside its ``lpq.runtimes_kept`` scope each model's session is made once, and
+    none is held after it."""
+    import gc
+    import weakref
+
+    from lpq.eval import fidelity
+    from lpq_onnxrt import evaluate as evaluate_module
+
+    cap = pm.query_capability(FW, lpq_sample_model, calib_loader, {})
+    qmodel = pm.quantize(FW, lpq_sample_model, _cfg(cap), calib_loader)
+    made: list[weakref.ref[Any]] = []
+    create = evaluate_module.create_session
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        session = create(*args, **kwargs)
+        made.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(evaluate_module, "create_session", counted)
+    data = lpq.ArrayLoader(digits["eval_x"][:8], batch_size=8)
+    batch, (fp32_ms, int8_ms) = fidelity._timed(pm, FW, str(lpq_sample_model), qmodel, data, 1)
+    assert batch == 1 and fp32_ms and int8_ms
+    assert fidelity._TIMING_ROUNDS > 1 and len(made) == 2
+    gc.collect()
+    assert [ref() for ref in made] == [None, None]
+    fidelity._timed(pm, FW, str(lpq_sample_model), qmodel, data, 1)
+    assert len(made) == 4  # a new check makes its own
