@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lpq import EvalResult, LatencyMeasurer, Metric, evaluate_batches
+from lpq import EvalResult, LatencyMeasurer, Metric, evaluate_batches, kept_runtime
 
 from .model_io import Prepared, prepare
 from .qmodel import QuantizedModel
@@ -90,7 +90,10 @@ def evaluate(
     else:
         prepared = prepare(model)
         content, options = prepared.float_tflite, {}
-    runner = Runner(content, threads(options))
+    # One interpreter per model and thread count inside lpq.runtimes_kept (the fidelity
+    # gate's timing rounds); a new one per call elsewhere.
+    count = threads(options)
+    runner = kept_runtime(("tf", id(content), count), lambda: Runner(content, count), holds=content)
     call: Callable[[list[np.ndarray]], list[np.ndarray]] = runner.run
     batches = runner.batches(dataloader)
     if prepared is not None and measurer is not None:

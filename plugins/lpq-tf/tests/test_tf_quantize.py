@@ -171,3 +171,27 @@ def test_fp32_baseline_is_the_faster_of_keras_and_float_tflite(cnn: Any) -> None
     assert measured.latency_ms is not None and measured.latency_ms > 0
     # Both forms compute the same model: the accuracy does not depend on the choice.
     assert measured.accuracy == pm.evaluate("tf", cnn, eval_loader(), [lpq.TopK(1)]).accuracy
+
+
+def test_the_fidelity_gates_timing_rounds_make_one_interpreter_per_model(
+    cnn: Any, cnn_capability: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate times fp32 and int8 in alternating rounds, one ``evaluate`` each per
+    round; inside its ``lpq.runtimes_kept`` scope each model's interpreter is made once."""
+    from lpq.eval import fidelity
+    from lpq_tf import evaluate as evaluate_module
+
+    qmodel = pm.quantize("tf", cnn, config_for(cnn_capability, "int8", "static"), calib_loader())
+    made: list[bytes] = []
+    runner = evaluate_module.Runner
+
+    def counted(content: bytes, *args: Any, **kwargs: Any) -> Any:
+        made.append(content)
+        return runner(content, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "Runner", counted)
+    data = calib_loader()
+    batch, (fp32_ms, int8_ms) = fidelity._timed(pm, "tf", cnn, qmodel, data, 1)
+    assert batch == 1 and fp32_ms and int8_ms
+    assert fidelity._TIMING_ROUNDS > 1
+    assert len(made) == 2 and made[1] is qmodel.content
