@@ -19,6 +19,7 @@ import pytest
 import lpq
 from lpq.latency import Decision, Timing, decide, enabled, interleaved
 from lpq.latency import cache as latency_cache
+from lpq.latency.judging import Judge
 from lpq.latency.search import announce
 
 
@@ -728,9 +729,11 @@ def _blamed(costs: Any) -> ModeBackend:
     return backend
 
 
-def test_a_blame_round_that_gains_nothing_is_built_on() -> None:
+def test_a_blame_round_that_gains_nothing_is_built_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """f1 back in float saves what c1 then loses (c1 is fast only while f1 reads its int8
-    output): round one is a wash, round two blames c1, both in float win."""
+    output): round one is a wash, round two blames c1, both in float win. Before each
+    profile the search lets go of the output errors of all but the profiled, compared
+    and current models."""
 
     def costs(keep: frozenset[str], split: bool = False) -> Any:
         each = {n: (1.0, 0.5) for n in ("c1", "c2", "f1", "f2")}
@@ -739,13 +742,33 @@ def test_a_blame_round_that_gains_nothing_is_built_on() -> None:
             return each
         return {n: each[n][0] if n in keep else each[n][1] for n in each}
 
-    decision = decide(_blamed(costs))
+    backend = _blamed(costs)
+    profiled = backend.blame
+    forgotten: list[tuple[int, int]] = []
+
+    def blame(candidate: Candidate, keep: frozenset[str]) -> list[str]:
+        assert len(forgotten) == backend.blamed_calls + 1  # errors let go just before
+        assert candidate in forgotten_models[-1]
+        return profiled(candidate, keep)
+
+    forgotten_models: list[tuple[Any, ...]] = []
+    original = Judge.forget_errors_except
+
+    def forget(self: Judge, *models: Any) -> None:
+        forgotten.append((len(models), backend.blamed_calls))
+        forgotten_models.append(models)
+        original(self, *models)
+
+    backend.blame = blame  # type: ignore[attr-defined]
+    monkeypatch.setattr(Judge, "forget_errors_except", forget)
+    decision = decide(backend)
     rounds = [(s.change, s.kept) for s in decision.steps if "blames" in s.change]
     assert rounds == [
         ("qdq: 1 ops the profiler blames -> float", False),
         ("qdq: 1 ops the profiler blames -> float", True),
     ]
     assert decision.keep_float == ["c1", "f1"]
+    assert len(forgotten) == backend.blamed_calls == 2
 
 
 def test_blame_rounds_stop_at_a_round_that_loses() -> None:
@@ -949,3 +972,32 @@ def test_the_sequential_statistic_stops_once_clear_and_bounds_the_ratio_above() 
     assert rounds["n"] // 2 == MIN_ROUNDS
     assert found["candidate"] / found["current"] == pytest.approx(0.5, rel=0.05)
     assert found[HIGH] > found["candidate"]
+
+
+def test_a_profile_lets_go_of_the_other_models_errors() -> None:
+    """Before the profiler runs (two sessions at once), the search keeps the output
+    errors, and with them the models, of the profiled, the compared and the current
+    model only (MiniLM's QOperator search: peak 944 -> 887 MB with the adaptor's part)."""
+    import gc
+    import weakref
+
+    class Model:
+        pass
+
+    class Erring:
+        def ops(self) -> list[tuple[str, str]]:
+            return [("c1", "Conv")]
+
+        def error(self, model: Model) -> float:
+            return 0.5
+
+    judge = Judge(Erring(), lambda *a: None, lpq.latency.Rules(), None)  # type: ignore[arg-type]
+    models = [Model() for _ in range(3)]
+    for each in models:
+        judge.errors(each)
+    del each
+    refs = [weakref.ref(model) for model in models]
+    judge.forget_errors_except(models[1])
+    del models
+    gc.collect()
+    assert [ref() is not None for ref in refs] == [False, True, False]

@@ -110,6 +110,13 @@ class Judge:
             del self._errors[next(iter(self._errors))]
         return found[1]
 
+    def forget_errors_except(self, *models: Any) -> None:
+        """Let go of the output errors remembered for every model but ``models``, and so
+        of those models: before a profile, the step that holds the most at once."""
+        kept = {id(model) for model in models}
+        for key in [key for key in self._errors if key not in kept]:
+            del self._errors[key]
+
     def edges(
         self, need: float, tie: float, as_fast: bool = True, loss: bool = False
     ) -> tuple[float, ...]:

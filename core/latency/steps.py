@@ -371,6 +371,7 @@ class _Search(Judge):
                 break  # any suspect would leave nothing quantized: not worth a profile
             if self.log is not None:
                 self.log(f"latency: {self.prefix(variant)}profiling which ops are slower")
+            self.forget_errors_except(model, against, self.current)
             suspects = [n for n in self.blame(model, keep) if n not in keep]
             if not suspects or len(keep) + len(suspects) >= len(self.names):
                 break

@@ -397,8 +397,14 @@ def test_the_timer_times_on_the_error_samples_and_the_error_reads_their_outputs(
     monkeypatch.setattr(session_module, "create_session", lambda *a, **k: Counted(made(*a, **k)))
     assert error(candidate) == pytest.approx(full, rel=1e-12)
     assert runs == [1] * 2  # the 12 rows less the 10 the timer ran
+    # Before a profile only the profiled model's runs stay: the fp32 model's go, and so
+    # does the model (held no longer)
+    error.forget_timed_except(candidate)
+    assert [found[0] for found in error._seen.values()] == [candidate]
+    runs.clear()
+    assert error(candidate) == pytest.approx(full, rel=1e-12) and runs == [1] * 2
     error.forget_timed()  # the search is over: the models it held go
-    assert error(candidate) == pytest.approx(full, rel=1e-12) and len(runs) > 2
+    assert error(candidate) == pytest.approx(full, rel=1e-12) and len(runs) > 4
     # Samples shaped otherwise than the timed feed: timed on the feed, nothing handed back.
     timer.watch([{"x": feeds[0]["x"][:2]}], observe)
     timer({"current": fp32, "candidate": _two_outputs(1.3)}, rows[0], ())

@@ -166,8 +166,15 @@ def _search(
     timer = timing.ort_timer(options, budget_s=budget)
     blamer = blame.profile_blame(options, feed, fp32, [n for n, _ in ops], table)
     release = getattr(timer, "release", None)
+    forget = getattr(error, "forget_timed_except", None)
     if blamer is not None and release is not None:
-        blamer.before_profile = release
+
+        def before_profile(model: onnx.ModelProto) -> None:
+            release()
+            if forget is not None:
+                forget(model)
+
+        blamer.before_profile = before_profile
     searched = backend.OrtBackend(
         build,
         fp32,

@@ -88,9 +88,10 @@ class Profiler:
         ops: Sequence[str],
         table: TableParts | None = None,
     ) -> None:
-        #: called before each profile (the timer's kept sessions released: the profile's
-        #: own two sessions then do not come on top of them)
-        self.before_profile: Callable[[], None] | None = None
+        #: called with the model about to be profiled, before each profile (the timer's
+        #: kept sessions released: the profile's own two sessions then do not come on top
+        #: of them)
+        self.before_profile: Callable[[onnx.ModelProto], None] | None = None
         self.options = measuring_options(options)
         self.feed = dict(feed)
         self.fp32_model = fp32_model
@@ -121,7 +122,7 @@ class Profiler:
             return self._last[1]
         quantized = [name for name in self.ops if name not in fp32_ops]
         if self.before_profile is not None:
-            self.before_profile()
+            self.before_profile(model)
         times, fp32_times = _node_times([model, self.fp32_model], self.options, self.feed)
         self.profiles += 1
         self._total = sum(timed.ms for timed in times.values())

@@ -209,6 +209,13 @@ class OutputError:
         MiniLM's last two held 0.1 GB to the end of the quantize call)."""
         self._seen.clear()
 
+    def forget_timed_except(self, model: onnx.ModelProto) -> None:
+        """Drop what :meth:`observe` kept for every model but ``model``, with those models
+        (before a profile: the last comparison's other model is seldom asked again, and
+        the profile's two sessions come on top of what is held)."""
+        found = self._seen.get(id(model))
+        self._seen = {id(model): found} if found is not None and found[0] is model else {}
+
     def observe(self, model: onnx.ModelProto, index: int, outputs: Sequence[Any]) -> None:
         """Keep what ``model``'s outputs on sample ``index`` of :meth:`rows` (a timed run)
         add to its error; its error then runs only the samples not seen. Ignored before
