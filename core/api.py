@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,9 @@ class QuantizedModel:
     model: Any
     framework: str
     tune_cfg: TuneConfig
+    #: fp32 op name -> the precision it runs in, as the adaptor read it from the converted
+    #: model when it quantized (None: it did not say; ``pm.quantized_ops`` asks its hook)
+    quantized_ops: Mapping[str, str] | None = None
 
     def save(self, path: str | Path) -> Path:
         """Write the model through its adaptor (atomically, with its tune_cfg)."""
@@ -556,5 +559,10 @@ def quantize(
         space = _tuning_space(pm, conf, framework, model, calib)
         _latency_aware_first(space, searchable=False)
         tune_cfg = space.default()
-    result = pm.quantize(framework, model, tune_cfg, calib)
-    return QuantizedModel(model=result, framework=framework, tune_cfg=tune_cfg)
+    result = pm.quantize_result(framework, model, tune_cfg, calib)
+    return QuantizedModel(
+        model=result.model,
+        framework=framework,
+        tune_cfg=tune_cfg,
+        quantized_ops=result.quantized_ops,
+    )

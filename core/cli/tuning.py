@@ -335,7 +335,9 @@ def quantize_command(
     _progress(console, "quantizing")
     with stage_lines(console):
         result = quantize(model, _build_config(kw), calib_data)
-    quantized, fallback, source, _ = op_counts(result.framework, result.model, result.tune_cfg)
+    quantized, fallback, source, _ = op_counts(
+        result.framework, result.model, result.tune_cfg, result.quantized_ops
+    )
     counted = "read from the model" if source == "model" else "as planned; the adaptor cannot say"
     _refuse_unquantized(result, quantized, source)
     fidelity = None
