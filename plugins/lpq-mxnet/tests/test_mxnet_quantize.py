@@ -257,3 +257,27 @@ def test_quantizing_needs_calibration_data_and_an_fp32_model(
     qnet = pm.quantize("mxnet", digits_cnn, tune_cfg(cap), calib_loader)
     with pytest.raises(lpq.ModelError, match="already quantized"):
         pm.quantize("mxnet", qnet, tune_cfg(cap), calib_loader)
+
+
+def test_the_fidelity_gates_timing_rounds_read_an_exported_model_once(
+    pm: Any, cap: Any, exported: Any, calib_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate times fp32 and int8 in alternating rounds, one ``evaluate`` each per
+    round; inside its ``lpq.runtimes_kept`` scope an exported fp32 model is read and
+    made a block once, not once per round."""
+    from lpq.eval import fidelity
+    from lpq_mxnet import evaluate as evaluate_module
+
+    qnet = pm.quantize("mxnet", str(exported), tune_cfg(cap), calib_loader)
+    read: list[Any] = []
+    to_graph = evaluate_module.to_graph
+
+    def counted(model: Any, example: Any = None) -> Any:
+        read.append(model)
+        return to_graph(model, example)
+
+    monkeypatch.setattr(evaluate_module, "to_graph", counted)
+    data = lpq.ArrayLoader(calib_loader.inputs[:8], batch_size=8)
+    batch, (fp32_ms, int8_ms) = fidelity._timed(pm, "mxnet", str(exported), qnet, data, 1)
+    assert batch == 1 and fp32_ms and int8_ms
+    assert fidelity._TIMING_ROUNDS > 1 and read == [str(exported)]
