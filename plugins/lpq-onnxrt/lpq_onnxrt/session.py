@@ -149,8 +149,11 @@ def create_session(
             weights.nbytes(init) >= HANDED_BYTES for init in model.graph.initializer
         ):
             light, blobs = weights.detach(model, HANDED_BYTES, inline=_conv_weights(model))
-            if blobs and serialized(light) is not None:
-                return weights.session(light, blobs, opts, prov, prepacking=True)
+            light_bytes = serialized(light) if blobs else None
+            if light_bytes is not None:
+                return weights.session(
+                    light, blobs, opts, prov, prepacking=True, light_bytes=light_bytes
+                )
         data = serialized(model)
         if data is not None:
             return ort.InferenceSession(data, opts, providers=prov)

@@ -295,13 +295,15 @@ def session(
     providers: list[str],
     *,
     prepacking: bool = False,
+    light_bytes: bytes | None = None,
     **kwargs: Any,
 ) -> onnxruntime.InferenceSession:
     """An ORT session of a detached model: the arrays are handed to ORT as they are
     (``add_external_initializers``, no copy). Pre-packing is off unless asked for: it
     copies every MatMul weight (an LLM's memory), but sessions that are timed need it,
     as the user's own sessions have it. The arrays are kept alive with the session;
-    ``opts`` is for this session only (it now names the arrays)."""
+    ``opts`` is for this session only (it now names the arrays). ``light_bytes``: ``light``
+    serialized already, where the caller has it."""
     import onnxruntime as ort
 
     names = [init.name for init in light.graph.initializer if is_detached(init)]
@@ -310,7 +312,8 @@ def session(
         opts.add_external_initializers(names, values)
         if not prepacking:
             opts.add_session_config_entry("session.disable_prepacking", "1")
-    made = ort.InferenceSession(light.SerializeToString(), opts, providers=providers, **kwargs)
+    data = light_bytes if light_bytes is not None else light.SerializeToString()
+    made = ort.InferenceSession(data, opts, providers=providers, **kwargs)
     made._lpq_keepalive = values  # ORT reads the buffers
     return made
 

@@ -176,7 +176,7 @@ def test_large_weights_go_to_the_session_as_arrays(monkeypatch):
         return data
 
     def handed(light: Any, blobs: Any, opts: Any, *args: Any, **kwargs: Any) -> Any:
-        made_with.append((sorted(blobs), kwargs.get("prepacking")))
+        made_with.append((sorted(blobs), kwargs.get("prepacking"), kwargs.get("light_bytes")))
         session = real_session(light, blobs, opts, *args, **kwargs)
         try:
             made_with.append(opts.get_session_config_entry("session.disable_prepacking"))
@@ -187,7 +187,9 @@ def test_large_weights_go_to_the_session_as_arrays(monkeypatch):
     monkeypatch.setattr(session_module, "serialized", serialized)
     monkeypatch.setattr(session_module.weights, "session", handed)
     session = session_module.create_session(model)
-    assert made_with[0] == (["W"], True)
+    assert made_with[0][:2] == (["W"], True)
+    # the wiring serialized once, and those bytes make the session
+    assert len(sizes) == 1 and len(made_with[0][2]) == sizes[0]
     assert made_with[1] in ("", "0")
     assert max(sizes) < 64 * 512 * 4 // 4  # the wiring and the bias, not W
     assert model.SerializeToString() == before
