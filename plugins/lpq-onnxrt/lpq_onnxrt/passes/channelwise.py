@@ -110,8 +110,6 @@ def quantized_initializer(
     )
 
 
-#: Whether :func:`patch_quantize_onnx_initializer` has run in this process.
-_PATCHED = False
 #: Whether the QDQ weights' values are quantized by this module in this context.
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("lpq_channelwise", default=False)
 
@@ -124,7 +122,6 @@ def vectorized(quantizer: Any) -> Iterator[None]:
     if not agrees_with_ort():
         yield
         return
-    patch_quantize_onnx_initializer()
     if hasattr(quantizer, "_calc_initializer_quant_params"):
         _wrap_qdq_params(quantizer)
     if hasattr(quantizer, "quantize_weight_per_channel_impl"):
@@ -174,38 +171,11 @@ def agrees_with_ort() -> bool:
     return True
 
 
-def patch_quantize_onnx_initializer() -> None:
-    """Route ``qdq_quantizer.quantize_onnx_initializer`` (a QDQ weight's values, in a
-    loop over channels) through :func:`quantized_initializer` inside :func:`vectorized`;
-    outside, it is ORT's function unchanged. Done once per process, before the weight
-    cache's patch (:mod:`.quantizer`), which goes to this one on a miss."""
-    from onnxruntime.quantization import qdq_quantizer
-
-    global _PATCHED
-    if _PATCHED:  # the weight cache's patch may lie over this one by now
-        return
-    _PATCHED = True
-    original = qdq_quantizer.quantize_onnx_initializer
-
-    def quantize_onnx_initializer(
-        weight: onnx.TensorProto,
-        quant_type: Any,
-        zero_point: np.ndarray,
-        scale: np.ndarray,
-        axis: int | None = None,
-        quant_weight_name: str | None = None,
-        block_size: int = 0,
-    ) -> onnx.TensorProto:
-        if _ON.get():
-            name = quant_weight_name or weight.name + "_quantized"
-            fast = quantized_initializer(
-                weight, quant_type, zero_point, scale, axis, name, block_size
-            )
-            if fast is not None:
-                return fast
-        return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
-
-    qdq_quantizer.quantize_onnx_initializer = quantize_onnx_initializer
+def active() -> bool:
+    """Whether this context is inside :func:`vectorized`: a QDQ weight's values then come
+    from :func:`quantized_initializer` (see
+    :func:`lpq_onnxrt.passes.quantizer.patch_quantize_onnx_initializer`)."""
+    return _ON.get()
 
 
 def _wrap_qdq_params(quantizer: Any) -> None:

@@ -401,7 +401,7 @@ class WeightCache:
     def active(self, quantizer: Any) -> Iterator[None]:
         """Reuse this cache's weights in ``quantizer`` (a QDQQuantizer or ONNXQuantizer)
         while the block runs."""
-        _patch_quantize_onnx_initializer()
+        patch_quantize_onnx_initializer()
         digests: dict[str, bytes] = {}
         settings = _settings_key(quantizer)
         if hasattr(quantizer, "_calc_initializer_quant_params"):
@@ -570,13 +570,13 @@ def _settings_key(quantizer: Any) -> tuple[Any, ...]:
     )
 
 
-def _patch_quantize_onnx_initializer() -> None:
-    """Route ``qdq_quantizer.quantize_onnx_initializer`` (per-channel weights quantized in
-    a loop over channels) through the active :class:`WeightCache`, if any; without one
-    it is ORT's function, unchanged. Done once per process."""
+def patch_quantize_onnx_initializer() -> None:
+    """Route ``qdq_quantizer.quantize_onnx_initializer`` (a QDQ weight's values, per
+    channel in a loop over channels) through the active :class:`WeightCache`, if any, and
+    inside :func:`~lpq_onnxrt.passes.channelwise.vectorized` through its whole-array
+    quantization; elsewhere it is ORT's function, unchanged. Done once per process."""
     from onnxruntime.quantization import qdq_quantizer
 
-    channelwise.patch_quantize_onnx_initializer()  # under this one: a miss goes to it
     original = qdq_quantizer.quantize_onnx_initializer
     if getattr(original, "_lpq_cached", False):
         return
@@ -591,6 +591,13 @@ def _patch_quantize_onnx_initializer() -> None:
         block_size: int = 0,
     ) -> onnx.TensorProto:
         def make() -> onnx.TensorProto:
+            if channelwise.active():
+                name = quant_weight_name or weight.name + "_quantized"
+                fast = channelwise.quantized_initializer(
+                    weight, quant_type, zero_point, scale, axis, name, block_size
+                )
+                if fast is not None:
+                    return fast
             return original(
                 weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size
             )

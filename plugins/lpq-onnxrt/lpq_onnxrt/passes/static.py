@@ -25,6 +25,7 @@ from .quantizer import (
     fast_lookups,
     fast_rewiring,
     most_common,
+    patch_quantize_onnx_initializer,
     per_channel,
     quant_type,
     quiet_quantizer,
@@ -243,6 +244,7 @@ def _run_quantizer(
                 extra,
             )
         fast_rewiring(quantizer)
+        patch_quantize_onnx_initializer()  # QDQ weights' values: cached, whole-array
         shared = weight_cache.active(quantizer) if weight_cache else contextlib.nullcontext()
         with quiet_quantizer(), vectorized(quantizer), shared, fast_lookups(quantizer):
             quantizer.quantize_model()
