@@ -35,7 +35,8 @@ def runnable(model: Any, example: Any) -> tuple[Any, list[str]]:
 
     if isinstance(model, str | Path):
         path = Path(model)
-        stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+        stat = path.stat() if path.is_file() else None
+        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
         return lpq.kept_runtime(("mxnet", str(path.resolve()), stamp), make)
     return lpq.kept_runtime(("mxnet", id(model)), make, holds=model)
 

@@ -69,7 +69,8 @@ def runnable(
     merged.update(options or {})
     if isinstance(model, str | os.PathLike):
         path = Path(model)
-        stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+        stat = path.stat() if path.is_file() else None
+        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
         opened = kept_runtime(
             ("onnxrt", str(path.resolve()), stamp, _options_key(merged)),
             lambda: _from_file(path, merged),
