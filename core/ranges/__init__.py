@@ -4,6 +4,8 @@
   measured, the smallest output error picked) and the per-tensor narrowing of small
   plans, through a small per-adaptor :class:`RangeBackend` (build a plan, measure a
   model's output error).
+- :mod:`lpq.ranges.shared_scale`: ops (Concat) whose inputs' calibrated ranges are too
+  far apart for the one int8 scale of their output, kept fp32.
 
 Numpy-free and framework-free: the adaptor's backend does the building and running.
 docs/onnxrt.md ("Range choice") describes the rule and lpq-onnxrt's backend.
@@ -33,10 +35,21 @@ from .choice import (
     scales_from,
     with_algorithm,
 )
+from .shared_scale import (
+    MAX_SPREAD,
+    MERGING_OPS,
+    SPREAD_OPTION,
+    Unshareable,
+    max_spread,
+    spread,
+    unshareable,
+)
 
 __all__ = [
     "AUTO",
     "CANDIDATES",
+    "MAX_SPREAD",
+    "MERGING_OPS",
     "MIN_GAIN",
     "NARROW_FACTORS",
     "NARROW_GAIN",
@@ -44,9 +57,12 @@ __all__ = [
     "NARROW_MAX_VALUES",
     "PARTS",
     "SCALES_OPTION",
+    "SPREAD_OPTION",
     "RangeBackend",
     "RangeChoice",
+    "Unshareable",
     "auto_ops",
+    "max_spread",
     "narrow",
     "narrowing_pays",
     "pick",
@@ -54,5 +70,7 @@ __all__ = [
     "resolve",
     "resolved",
     "scales_from",
+    "spread",
+    "unshareable",
     "with_algorithm",
 ]

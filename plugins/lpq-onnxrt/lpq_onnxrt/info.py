@@ -74,6 +74,7 @@ KNOWN_OPTIONS = (
     "latency_budget_s",
     "latency_batch_size",
     "dynamic_weights",
+    "concat_max_spread",
     "accuracy_level",
     # weight-only (lpq_onnxrt.passes.weight_only)
     "lm_head",

@@ -1,10 +1,11 @@
 """Settling the static plan, then running the static pass.
 
 The static ops of a tune_cfg go through, in order: calibration (lpq's streaming
-statistics); with ``latency_aware``, the measured decisions (format, ops kept fp32, ops
-run dynamically instead, see :mod:`lpq_onnxrt.latency`); the ``auto`` activation range
-algorithms resolved on the graph that ships (:mod:`lpq_onnxrt.range_choice`); the
-accuracy recipes (:mod:`lpq_onnxrt.recipes`, then calibrated again); and finally
+statistics); Concats whose inputs cannot share one int8 scale kept fp32
+(:mod:`lpq_onnxrt.shared_scale`); with ``latency_aware``, the measured decisions
+(format, ops kept fp32, ops run dynamically instead, see :mod:`lpq_onnxrt.latency`); the
+``auto`` activation range algorithms resolved on the graph that ships
+(:mod:`lpq_onnxrt.range_choice`); the accuracy recipes (:mod:`lpq_onnxrt.recipes`, then calibrated again); and finally
 :func:`.static.static_pass`. Every candidate built on the way is shaped as it will ship
 (inner shapes dropped, see :func:`lpq_onnxrt.graph.drop_inner_shapes`).
 """
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from lpq import DataError, ModelError, OpConfig, TuneConfig
 from lpq.ranges import record, resolve
 
-from .. import graph, model_io, range_choice, ranges, recipes
+from .. import graph, model_io, range_choice, ranges, recipes, shared_scale
 from ..latency import aware, fidelity
 from ..latency.backend import Builder, LatencyDecision
 from .dynamic import dynamic_alternatives
@@ -166,7 +167,7 @@ def quantize_static(
     log.info("calibrating %d op(s) on %s", len(static_ops), _samples(tune_cfg))
     candidates = _Candidates(prepared, tune_cfg, calib_dataloader, static_ops)
     result = StaticResult(prepared.model, prepared.model, tune_cfg)
-    plan = dict(static_ops)
+    plan = _keep_unshareable_float(candidates, dict(static_ops), result)
     auto = set(range_choice.auto_ops(plan))
     fp32_ops: frozenset[str] = frozenset()
     if aware.enabled(tune_cfg.options):
@@ -253,6 +254,28 @@ def _check_built(model: onnx.ModelProto, source: str, already: dict[str, int]) -
             )
         names.add(node.name)
         written.update(node.output)
+
+
+def _keep_unshareable_float(
+    candidates: _Candidates, plan: dict[str, OpConfig], result: StaticResult
+) -> dict[str, OpConfig]:
+    """The ops of ``plan`` whose inputs' calibrated ranges cannot share one int8 scale
+    (:mod:`lpq.ranges.shared_scale`) kept fp32: said, and recorded as fallbacks in
+    ``result``'s tune_cfg. Returns the rest of the plan. Decided from the ranges alone,
+    before anything is built or timed."""
+    found = shared_scale.unshareable_ops(
+        candidates.prepared.model, candidates.stats, plan, candidates.tune_cfg.options
+    )
+    if not found:
+        return plan
+    for op in found:
+        log.info("kept fp32: %s", op.describe())
+    names = {op.op for op in found}
+    candidates.float_ops.extend(sorted(names))
+    result.tune_cfg = result.tune_cfg.with_ops(
+        {key: OpConfig.fallback() for key in result.tune_cfg.ops if key[0] in names}
+    )
+    return {name: cfg for name, cfg in plan.items() if name not in names}
 
 
 def _decide_latency(

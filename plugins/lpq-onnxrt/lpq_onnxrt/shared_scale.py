@@ -1,0 +1,61 @@
+"""lpq-onnxrt's side of the shared-scale rule (:mod:`lpq.ranges.shared_scale`): the
+Concats of a static plan and their inputs' calibrated ranges.
+
+The rule (which spread is too wide, what is said) is core's. Here: an activation input's
+range is its minmax range from the calibration statistics (every algorithm's range lies
+inside it, so a spread too wide under minmax is too wide under any); a constant input's
+is its values' (ORT quantizes those with the output's scale too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from lpq.ranges import MERGING_OPS, Unshareable, max_spread, unshareable
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .calibration import CalibrationStats
+
+Range = tuple[float, float]
+
+
+def unshareable_ops(
+    model: onnx.ModelProto,
+    stats: CalibrationStats,
+    plan: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> list[Unshareable]:
+    """The merging ops of ``plan`` (node names of ``model``) whose inputs' ranges are too
+    far apart for one int8 scale (option ``concat_max_spread``, 0: none)."""
+    limit = max_spread(options)
+    if limit == 0:
+        return []
+    return unshareable(input_ranges(model, stats, plan), limit)
+
+
+def input_ranges(
+    model: onnx.ModelProto, stats: CalibrationStats, names: Mapping[str, Any]
+) -> dict[str, list[Range]]:
+    """Per merging op of ``names``: the ranges of its inputs that have one (calibrated
+    activations, constant initializers), in graph order."""
+    from onnx import numpy_helper
+
+    constants = {init.name: init for init in model.graph.initializer}
+    calibrated = set(stats.tensor_names())
+    found: dict[str, list[Range]] = {}
+    for node in model.graph.node:
+        if node.op_type not in MERGING_OPS or node.name not in names:
+            continue
+        ranges: list[Range] = []
+        for tensor in node.input:
+            if tensor in constants:
+                values = numpy_helper.to_array(constants[tensor])
+                if values.size and values.dtype.kind == "f":
+                    ranges.append((min(float(values.min()), 0.0), max(float(values.max()), 0.0)))
+            elif tensor in calibrated and stats.count(tensor):
+                ranges.append(stats.compute_range(tensor, "minmax", symmetric=False))
+        found[node.name] = ranges
+    return found
