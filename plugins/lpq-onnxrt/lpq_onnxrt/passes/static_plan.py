@@ -5,9 +5,10 @@ statistics); Concats whose inputs cannot share one int8 scale kept fp32
 (:mod:`lpq_onnxrt.shared_scale`); with ``latency_aware``, the measured decisions
 (format, ops kept fp32, ops run dynamically instead, see :mod:`lpq_onnxrt.latency`); the
 ``auto`` activation range algorithms resolved on the graph that ships
-(:mod:`lpq_onnxrt.range_choice`); the accuracy recipes (:mod:`lpq_onnxrt.recipes`, then calibrated again); and finally
-:func:`.static.static_pass`. Every candidate built on the way is shaped as it will ship
-(inner shapes dropped, see :func:`lpq_onnxrt.graph.drop_inner_shapes`).
+(:mod:`lpq_onnxrt.range_choice`); the accuracy recipes (:mod:`lpq_onnxrt.recipes`, then
+calibrated again); and finally :func:`.static.static_pass`. Every candidate built on the
+way is shaped as it will ship (inner shapes dropped, see
+:func:`lpq_onnxrt.graph.drop_inner_shapes`).
 """
 
 from __future__ import annotations
