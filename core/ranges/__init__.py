@@ -37,7 +37,6 @@ from .choice import (
 )
 from .shared_scale import (
     MAX_SPREAD,
-    MERGING_OPS,
     SPREAD_OPTION,
     Unshareable,
     max_spread,
@@ -49,7 +48,6 @@ __all__ = [
     "AUTO",
     "CANDIDATES",
     "MAX_SPREAD",
-    "MERGING_OPS",
     "MIN_GAIN",
     "NARROW_FACTORS",
     "NARROW_GAIN",

@@ -17,8 +17,9 @@ ddddocr's YOLOX head). The spread is the calibration data's: fed pictures with n
 to detect, YOLOX's objectness reads ``[0, 0.023]`` beside raw boxes (53x).
 
 The rule needs only calibrated ranges, so an adaptor applies it once after calibration,
-before anything is built or timed. Written once here, framework-free; the adaptor finds
-the ops and reads their inputs' ranges.
+before anything is built or timed. Written once here, framework-free; each adaptor names
+its merging op types (ONNX ``Concat``, TFLite ``CONCATENATION``), finds them and reads
+their inputs' ranges.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from ..errors import ConfigError
 MAX_SPREAD = 16.0
 #: The adaptor option that overrides :data:`MAX_SPREAD` (0 turns the rule off).
 SPREAD_OPTION = "concat_max_spread"
-#: Op types whose inputs share the output's one scale.
-MERGING_OPS = frozenset({"Concat"})
-
 Range = tuple[float, float]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from lpq.ranges import MERGING_OPS, Unshareable, max_spread, unshareable
+from lpq.ranges import Unshareable, max_spread, unshareable
 
 if TYPE_CHECKING:
     import onnx
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from .calibration import CalibrationStats
 
 Range = tuple[float, float]
+
+#: ONNX op types whose inputs share the output's one scale.
+MERGING_OPS = frozenset({"Concat"})
 
 
 def unshareable_ops(

@@ -9,23 +9,25 @@
   ``.tflite`` inputs, 16x8 or dynamic with per-op fallbacks, int8/int16 mixes, per-op
   weight granularity, fp16 weights per op.
 
-Ops of the capability that the tune_cfg omits stay float, as the contract asks. With the
-``latency_aware`` option (on for ``lpq quantize``), :mod:`lpq_tf.latency` then keeps in
-fp32 the ops that make the model slower on this machine, and the returned model's
-tune_cfg says so. The input model is never modified. Which quantizer ran is recorded on
-the result. The work of each quantizer is in :mod:`lpq_tf.passes`; this module only
-checks and routes.
+Ops of the capability that the tune_cfg omits stay float, as the contract asks. A
+CONCATENATION whose inputs' calibrated ranges cannot share one int8 scale stays fp32
+(:mod:`lpq_tf.shared_scale`). With the ``latency_aware`` option (on for ``lpq
+quantize``), :mod:`lpq_tf.latency` then keeps in fp32 the ops that make the model slower
+on this machine, and the returned model's tune_cfg says so. The input model is never
+modified. Which quantizer ran is recorded on the result. The work of each quantizer is in
+:mod:`lpq_tf.passes`; this module only checks and routes.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
 
-from . import calibration, latency
+from . import calibration, latency, shared_scale
 from .capability import load_spec, quantizable_ops
 from .graph import read
 from .model_io import Prepared, prepare
@@ -34,6 +36,8 @@ from .passes.aeq import quantize_with_aeq
 from .passes.converter import quantize_with_converter
 from .qmodel import QuantizedModel
 from .runtime import Runner
+
+log = logging.getLogger("lpq.tf")
 
 CONVERTER = "tflite-converter"
 AEQ = "ai-edge-quantizer"
@@ -75,6 +79,14 @@ def quantize(
         raise ConfigError(f"unknown io_dtype {io_dtype!r}", hint="use float32 or int8")
     configs = _all_op_configs(prepared, tune_cfg)
     samples = _samples(prepared, configs, tune_cfg, calib_dataloader)
+    unshareable = shared_scale.unshareable_ops(prepared, configs, samples, options)
+    if unshareable:
+        for op in unshareable:
+            log.info("kept fp32: %s", op.describe())
+        names = {op.op for op in unshareable}
+        fallback = OpConfig.fallback()
+        tune_cfg = tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
+        configs = _all_op_configs(prepared, tune_cfg)
 
     def convert(chosen: dict[str, OpConfig]) -> tuple[bytes, str]:
         route = choose_route(prepared, chosen)
