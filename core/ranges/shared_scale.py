@@ -18,8 +18,8 @@ to detect, YOLOX's objectness reads ``[0, 0.023]`` beside raw boxes (53x).
 
 The rule needs only calibrated ranges, so an adaptor applies it once after calibration,
 before anything is built or timed. Written once here, framework-free; each adaptor names
-its merging op types (ONNX ``Concat``, TFLite ``CONCATENATION``), finds them and reads
-their inputs' ranges.
+its merging op types (ONNX and MXNet ``Concat``, TFLite ``CONCATENATION``), finds them
+and reads their inputs' ranges.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 * bf16 fallbacks and no int8 op -> :func:`lpq_mxnet.lowp.cast_lowp` (MXNet's AMP pass);
 * nothing quantized -> the fp32 graph as a hybridized block.
 
+A Concat whose inputs' calibrated ranges cannot share one int8 range stays fp32
+(:mod:`lpq_mxnet.shared_scale`).
+
 With the ``latency_aware`` option (on for ``lpq quantize``), :mod:`lpq_mxnet.latency` then
 keeps in fp32 the int8 ops that make the block slower on this machine; the block's
 tune_cfg (its ``ModelInfo``) says what it runs, and its ``_lpq_latency`` attribute holds
@@ -15,16 +18,19 @@ only: anything else is a ConfigError.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lpq import ConfigError, OpConfig, TuneConfig
 from lpq.latency import enabled
 
-from . import data, latency
+from . import data, latency, shared_scale
 from .lowp import cast_lowp
 from .model_io import ModelInfo, fp32_graph, info_of
 from .passes.static import quantize_static
+
+log = logging.getLogger("lpq.mxnet")
 
 
 def quantize(
@@ -52,12 +58,23 @@ def quantize(
             )
         return cast_lowp(model, sorted(lowp), "bf16", tune_cfg=tune_cfg.to_json())
     ops = graph.tunable_ops()
-    info = ModelInfo(graph.symbol, list(graph.input_names), "fp32", ops, tune_cfg.to_json())
     arrays = data.calibration_arrays(batches, graph.input_names, tune_cfg.calib_sampling_size)
+    info = ModelInfo(graph.symbol, list(graph.input_names), "fp32", ops, tune_cfg.to_json())
     reference = graph.block(info)
     data.run(reference, [data.to_nd(a[:1]) for a in arrays])  # misfit data: a DataError now
     if not chosen:
         return reference
+    unshareable = shared_scale.unshareable_ops(graph, chosen, arrays, tune_cfg.options)
+    if unshareable:
+        for op in unshareable:
+            log.info("kept fp32: %s", op.describe())
+        names = {op.op for op in unshareable}
+        fallback = OpConfig.fallback()
+        tune_cfg = tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
+        chosen = {name: cfg for name, cfg in chosen.items() if name not in names}
+        info = ModelInfo(graph.symbol, list(graph.input_names), "fp32", ops, tune_cfg.to_json())
+        if not chosen:
+            return graph.block(info)
     planned = quantize_static(graph, chosen, arrays, info)
     if not enabled(tune_cfg.options):
         return planned
