@@ -4,9 +4,12 @@ tested in plugins/lpq-onnxrt/tests/test_onnxrt_shared_scale.py."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import lpq
+import lpq.ranges
 from lpq.ranges import MAX_SPREAD, max_spread, spread, unshareable
 
 # NudeNet's 320n.onnx, calibrated: its head's final Concat, and one Concat of its neck.
@@ -48,3 +51,15 @@ def test_the_option_reads_numbers_and_refuses_the_rest():
     for bad in ("wide", 0.5, -3, None):
         with pytest.raises(lpq.ConfigError, match="concat_max_spread"):
             max_spread({"concat_max_spread": bad})
+
+
+def test_keep_float_makes_the_found_ops_fallbacks_and_says_why(caplog):
+    int8 = lpq.OpConfig("int8", "static", activation=lpq.TensorConfig(dtype="uint8"))
+    cfg = lpq.TuneConfig(ops={("head", "Concat"): int8, ("conv", "Conv"): int8})
+    found = unshareable({"head": HEAD})
+    with caplog.at_level("INFO", logger="test.shared_scale"):
+        kept = lpq.ranges.keep_float(cfg, found, logging.getLogger("test.shared_scale"))
+    assert not kept.ops[("head", "Concat")].quantized
+    assert kept.ops[("conv", "Conv")] == int8
+    assert cfg.ops[("head", "Concat")] == int8  # the given tune_cfg is not modified
+    assert [r.getMessage() for r in caplog.records] == [f"kept fp32: {found[0].describe()}"]

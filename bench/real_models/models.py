@@ -628,6 +628,18 @@ def ddddocr_rec() -> Suite:
     )
 
 
+def _square_crop(photos: list[np.ndarray], rng: np.random.Generator, size: int) -> Any:
+    """A random square crop of one of ``photos`` (half its short side or more), resized to
+    ``size`` x ``size``, as a PIL image."""
+    from PIL import Image
+
+    photo = photos[rng.integers(len(photos))]
+    side = int(rng.integers(min(photo.shape[:2]) // 2, min(photo.shape[:2]) + 1))
+    top = int(rng.integers(0, photo.shape[0] - side + 1))
+    left = int(rng.integers(0, photo.shape[1] - side + 1))
+    return Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
+
+
 def scene_text_images(count: int, seed: int, size: int = 416) -> np.ndarray:
     """``count`` RGB uint8 (size, size) click-captcha-like pictures: a scikit-image photo
     crop with 3-6 large, rotated, coloured characters scattered over it."""
@@ -637,11 +649,7 @@ def scene_text_images(count: int, seed: int, size: int = 416) -> np.ndarray:
     photos = _photos()
     out = []
     for _ in range(count):
-        photo = photos[rng.integers(len(photos))]
-        side = int(rng.integers(min(photo.shape[:2]) // 2, min(photo.shape[:2]) + 1))
-        top = int(rng.integers(0, photo.shape[0] - side + 1))
-        left = int(rng.integers(0, photo.shape[1] - side + 1))
-        image = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
+        image = _square_crop(photos, rng, size)
         taken: list[tuple[int, int, int]] = []
         for _char in range(int(rng.integers(3, 7))):
             glyph_size = int(rng.integers(36, 72))
@@ -827,11 +835,7 @@ def people_images(count: int, seed: int, size: int = 320) -> np.ndarray:
         people.append(Image.fromarray(picture[rows, cols]))
     out = []
     for _ in range(count):
-        photo = photos[rng.integers(len(photos))]
-        side = int(rng.integers(min(photo.shape[:2]) // 2, min(photo.shape[:2]) + 1))
-        top = int(rng.integers(0, photo.shape[0] - side + 1))
-        left = int(rng.integers(0, photo.shape[1] - side + 1))
-        image = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size))
+        image = _square_crop(photos, rng, size)
         for _person in range(int(rng.integers(0, 4))):
             person = people[rng.integers(len(people))]
             height = int(size * rng.uniform(0.25, 0.9))

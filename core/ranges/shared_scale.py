@@ -24,10 +24,12 @@ and reads their inputs' ranges.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..plan.tune_config import OpConfig, TuneConfig
 
 #: An op whose inputs' ranges spread more than this (widest / narrowest) stays fp32.
 MAX_SPREAD = 16.0
@@ -103,3 +105,16 @@ def max_spread(options: Mapping[str, object]) -> float:
             hint=f"e.g. --option {SPREAD_OPTION}={MAX_SPREAD:g} (the default)",
         )
     return limit
+
+
+def keep_float(
+    tune_cfg: TuneConfig, found: Sequence[Unshareable], log: logging.Logger
+) -> TuneConfig:
+    """``tune_cfg`` with the ops of ``found`` as fp32 fallbacks, each said on ``log``
+    ("kept fp32: ..."): what an adaptor does with :func:`unshareable`'s answer, so that
+    the tune_cfg it returns is the configuration the model really is."""
+    for op in found:
+        log.info("kept fp32: %s", op.describe())
+    names = {op.op for op in found}
+    fallback = OpConfig.fallback()
+    return tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})

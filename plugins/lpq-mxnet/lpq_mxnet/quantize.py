@@ -24,6 +24,7 @@ from typing import Any
 
 from lpq import ConfigError, OpConfig, TuneConfig
 from lpq.latency import enabled
+from lpq.ranges import keep_float
 
 from . import data, latency, shared_scale
 from .lowp import cast_lowp
@@ -66,12 +67,8 @@ def quantize(
         return reference
     unshareable = shared_scale.unshareable_ops(graph, chosen, arrays, tune_cfg.options)
     if unshareable:
-        for op in unshareable:
-            log.info("kept fp32: %s", op.describe())
-        names = {op.op for op in unshareable}
-        fallback = OpConfig.fallback()
-        tune_cfg = tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
-        chosen = {name: cfg for name, cfg in chosen.items() if name not in names}
+        tune_cfg = keep_float(tune_cfg, unshareable, log)
+        chosen = _quantized_ops(tune_cfg)
         info = ModelInfo(graph.symbol, list(graph.input_names), "fp32", ops, tune_cfg.to_json())
         if not chosen:
             return graph.block(info)

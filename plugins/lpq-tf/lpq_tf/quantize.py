@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
+from lpq.ranges import keep_float
 
 from . import calibration, latency, shared_scale
 from .capability import load_spec, quantizable_ops
@@ -81,11 +82,7 @@ def quantize(
     samples = _samples(prepared, configs, tune_cfg, calib_dataloader)
     unshareable = shared_scale.unshareable_ops(prepared, configs, samples, options)
     if unshareable:
-        for op in unshareable:
-            log.info("kept fp32: %s", op.describe())
-        names = {op.op for op in unshareable}
-        fallback = OpConfig.fallback()
-        tune_cfg = tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
+        tune_cfg = keep_float(tune_cfg, unshareable, log)
         configs = _all_op_configs(prepared, tune_cfg)
 
     def convert(chosen: dict[str, OpConfig]) -> tuple[bytes, str]:

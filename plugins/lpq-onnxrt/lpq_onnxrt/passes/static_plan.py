@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lpq import DataError, ModelError, OpConfig, TuneConfig
-from lpq.ranges import record, resolve
+from lpq.ranges import keep_float, record, resolve
 
 from .. import graph, model_io, range_choice, ranges, recipes, shared_scale
 from ..latency import aware, fidelity
@@ -269,13 +269,9 @@ def _keep_unshareable_float(
     )
     if not found:
         return plan
-    for op in found:
-        log.info("kept fp32: %s", op.describe())
     names = {op.op for op in found}
     candidates.float_ops.extend(sorted(names))
-    result.tune_cfg = result.tune_cfg.with_ops(
-        {key: OpConfig.fallback() for key in result.tune_cfg.ops if key[0] in names}
-    )
+    result.tune_cfg = keep_float(result.tune_cfg, found, log)
     return {name: cfg for name, cfg in plan.items() if name not in names}
 
 
