@@ -79,8 +79,13 @@ class Graph:
         tensor = self.tensors[index]
         if tensor.buffer is None:
             return None
-        data = self._model.Buffers(tensor.buffer).DataAsNumpy()
-        if isinstance(data, int):  # no data: an activation or an offset buffer
+        buffer = self._model.Buffers(tensor.buffer)
+        if _outside(buffer):  # stored after the flatbuffer, at an offset into the file
+            start = buffer.Offset()
+            raw = bytes(self._model._tab.Bytes[start : start + buffer.Size()])
+            return np.frombuffer(raw, dtype=tensor.dtype).reshape(tensor.shape)
+        data = buffer.DataAsNumpy()
+        if isinstance(data, int):  # no data: an activation
             return None
         return np.frombuffer(data.tobytes(), dtype=tensor.dtype).reshape(tensor.shape)
 
@@ -144,7 +149,8 @@ def read(content: bytes) -> Graph:
             t = graph.Tensors(i)
             quant = t.Quantization()
             buffer = t.Buffer()
-            has_data = buffer > 0 and model.Buffers(buffer).DataLength() > 0
+            data = model.Buffers(buffer) if buffer > 0 else None
+            has_data = data is not None and (data.DataLength() > 0 or _outside(data))
             tensors.append(
                 Tensor(
                     index=i,
@@ -181,12 +187,40 @@ def read(content: bytes) -> Graph:
         ) from None
 
 
+def _outside(buffer: Any) -> bool:
+    """Whether a buffer's data lies after the flatbuffer (``offset`` > 1 and a size), as
+    ai-edge-quantizer writes some constants, instead of inside it."""
+    return bool(buffer.Offset() > 1 and buffer.Size() > 0)
+
+
+#: A flatbuffer holds at most 2 GiB: buffers outside it cannot all be moved in beyond that.
+_FLATBUFFER_LIMIT = 2**31 - 2**20
+
+
 def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
-    """A copy of the model with metadata ``entries`` set (others of the same name dropped)."""
+    """A copy of the model with metadata ``entries`` set (others of the same name dropped).
+
+    Repacking drops what lies after the flatbuffer, so buffers stored there (at an offset
+    into the file, as ai-edge-quantizer writes some constants) are moved inside first:
+    kept as offsets, they would point past the end of the new file, which LiteRT then
+    refuses to load ("Constant buffer 34 specified an out of range offset", MediaPipe's
+    BlazeFace quantized by ai-edge-quantizer)."""
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+    outside = [b for b in model.buffers or [] if b.offset > 1 and b.size > 0]
+    if len(content) + sum(len(d) for d in entries.values()) > _FLATBUFFER_LIMIT and outside:
+        raise ModelError(
+            f"the .tflite model ({len(content) >> 20} MB) keeps its weights after the "
+            "flatbuffer, and lpq cannot add its metadata to a model this large",
+            hint="save the model's bytes (QuantizedModel.content) yourself",
+        )
+    for buffer in outside:
+        buffer.data = np.frombuffer(
+            content, dtype=np.uint8, count=buffer.size, offset=buffer.offset
+        )
+        buffer.offset = buffer.size = 0
     model.metadata = [m for m in (model.metadata or []) if m.name.decode() not in entries]
     model.buffers = model.buffers or []
     for name, data in entries.items():
