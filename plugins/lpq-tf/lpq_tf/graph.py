@@ -259,12 +259,17 @@ def normalize(content: bytes) -> bytes:
       which ai-edge-quantizer's calibrator needs;
     * op codes of old schema versions (the op in ``deprecated_builtin_code``, 0 = ADD in
       ``builtin_code``) are upgraded: ai-edge-quantizer reads only ``builtin_code`` and
-      would quantize every conv's weights as if it were an ADD's input.
+      would quantize every conv's weights as if it were an ADD's input;
+    * standalone RELU / RELU6 / RELU_N1_TO_1 ops are fused into the op before them
+      (:mod:`lpq_tf.simplify`): XNNPACK then runs the int8 model in one piece.
     """
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
+    from . import simplify
+
     parsed = read(content)
+    fusions = simplify.fusions(parsed)
     folds = [
         op
         for op in parsed.ops
@@ -279,7 +284,7 @@ def normalize(content: bytes) -> bytes:
         root.OperatorCodes(i).BuiltinCode() < root.OperatorCodes(i).DeprecatedBuiltinCode()
         for i in range(root.OperatorCodesLength())
     )
-    if not folds and has_signature and not old_codes:
+    if not folds and not fusions and has_signature and not old_codes:
         return content
     model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
     for code in model.operatorCodes:
@@ -292,7 +297,8 @@ def normalize(content: bytes) -> bytes:
         buffer.data = np.frombuffer(weights.astype(np.float32).tobytes(), dtype=np.uint8)
         model.buffers.append(buffer)
         subgraph.tensors[op.outputs[0]].buffer = len(model.buffers) - 1
-    dropped = {op.index for op in folds}
+    fused, unused = simplify.fuse(model, fusions)
+    dropped = {op.index for op in folds} | fused
     subgraph.operators = [op for i, op in enumerate(subgraph.operators) if i not in dropped]
     if not has_signature:
         signature = schema.SignatureDefT()
@@ -307,6 +313,7 @@ def normalize(content: bytes) -> bytes:
                 entry.tensorIndex = index
                 target.append(entry)
         model.signatureDefs = [signature]
+    simplify.drop_tensors(model, unused)  # after the signature: it is renumbered too
     builder = flatbuffers.Builder(len(content) * 2 + 1024)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
