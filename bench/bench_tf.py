@@ -48,7 +48,12 @@ from tf_testmodels import calib_loader, config_for, digits_cnn, eval_loader  # n
 import lpq  # noqa: E402
 
 MEDIAPIPE_WHEEL = "mediapipe==0.10.21"
-MEDIAPIPE_MODELS = ("hand_landmark_lite", "face_landmark")
+MEDIAPIPE_MODELS = (
+    "hand_landmark_lite",
+    "face_landmark",
+    "face_detection_short_range",
+    "selfie_segmentation",
+)
 VARIANTS = ("keras", "float", "int8", "16x8", "dynamic")
 PRECISIONS = {
     "int8": ("int8", "static"),
