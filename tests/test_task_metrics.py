@@ -298,6 +298,41 @@ def test_gfl_head_is_scored_per_anchor_against_a_plain_reference():
     assert "8 bins a side" in choice.reason
 
 
+def blazeface_head(seed: int = 0) -> list[np.ndarray]:
+    """MediaPipe BlazeFace's raw outputs: ``regressors`` (1, 896, 16), a box and six
+    keypoints relative to anchors the model does not output, and ``classificators``
+    (1, 896, 1), face logits (a few anchors on faces, the rest far below zero)."""
+    rng = np.random.default_rng(seed)
+    regressors = rng.normal(0, 40, (1, 896, 16)).astype(np.float32)
+    logits = rng.normal(-60, 8, (1, 896, 1)).astype(np.float32)
+    logits[0, [10, 11, 300, 301, 302, 700], 0] = [2.0, 0.5, 3.0, 1.2, -0.5, 4.0]
+    return [regressors, logits]
+
+
+def test_an_anchor_head_without_anchors_is_scored_per_anchor():
+    """BlazeFace: not ``agreement`` over 16 box values read as class scores (0.166 on the
+    real model), nor a YOLOv5 head (its (1, 896, 16) has that shape): detection F1 over
+    anchors whose face score passes the threshold."""
+    from lpq.eval.task_detection import detect_layout
+
+    ref = blazeface_head()
+    assert detect_layout(ref) == "anchors"
+    choice = choose_task_metric(ref)
+    assert choice is not None and choice.metric == "detection_f1"
+    assert "16 anchor-relative box values and 1 class score(s) (logits)" in choice.reason
+    same = DetectionF1()
+    same.update(ref, ref)
+    # sigmoid(logit) > 0.25: the five anchors above -1.1 (one at -0.5 passes, 0.38).
+    assert (same.result(), same.reference_detections) == (1.0, 6)
+    got = blazeface_head()
+    got[1][0, 10, 0] = -5.0  # a face lost
+    got[1][0, 500, 0] = 1.0  # a face found where fp32 saw none
+    got[0] += 3.0  # the regressions are not scored
+    moved = DetectionF1()
+    moved.update(got, ref)
+    assert (moved.tp, moved.fp, moved.fn) == (5, 1, 1)
+
+
 def test_map50_of_post_nms_rows_by_hand():
     fp32 = np.array([[0, 0, 10, 10, 0.9, 0], [20, 20, 30, 30, 0.8, 0]], np.float32)
     quantized = np.array(

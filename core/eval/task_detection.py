@@ -22,6 +22,12 @@ Layouts read (``layout="auto"`` tells them apart by shape, see :func:`detect_lay
   Where the anchors sit in the image needs the input size, which the outputs do not
   carry: anchors are kept apart, so a quantized detection is matched with the same
   anchor's fp32 one (F1 over anchors, before NMS).
+- ``anchors``: a raw anchor head whose boxes lpq cannot place: two outputs sharing
+  ``(B, A)``, per-anchor regressions ``(B, A, K)`` relative to anchors the model does not
+  output (MediaPipe's BlazeFace: 16 values, a box and six keypoints) and class scores
+  ``(B, A, C)`` with ``C < K`` (logits or probabilities). Each anchor is kept apart, as in
+  ``gfl``: an anchor whose score passes the threshold is a detection, matched with the
+  same anchor's fp32 one (F1 over anchors, before NMS; the regressions are not scored).
 - ``nms``: detections already after the model's own NMS: ``(N, 6)`` rows
   ``x1, y1, x2, y2, score, class`` (one image per batch), ``(N, 7)`` rows
   ``batch_index, x1, y1, x2, y2, score, class``, or ``(B, N, 6)`` padded per image
@@ -39,13 +45,14 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 
-LAYOUTS = ("auto", "yolov8", "yolov8t", "yolov5", "ssd", "gfl", "nms")
+LAYOUTS = ("auto", "yolov8", "yolov8t", "yolov5", "ssd", "gfl", "anchors", "nms")
 SCORE_KINDS = ("auto", "probs", "logits")
 
 _LAYOUT_HINT = (
     "detection metrics read a YOLOv8 head (B, 4+C, A), a YOLOv5 head (B, A, 5+C), SSD "
     "boxes (B, A, 4) with scores (B, A, C), a GFL/PicoDet head (scores (B, A, C) and "
-    "distance distributions (B, A, 4n) per level), or post-NMS rows (N, 6) / (N, 7); for another "
+    "distance distributions (B, A, 4n) per level), anchor regressions (B, A, K) with scores "
+    "(B, A, C), or post-NMS rows (N, 6) / (N, 7); for another "
     "layout name it (create_metric('detection_f1', layout=...)) or register your own "
     "metric with lpq_register_metrics (docs/metrics.md)"
 )
@@ -192,7 +199,8 @@ def detect_layout(outputs: Sequence[np.ndarray]) -> str:
     """The layout of a detector's outputs, by shape: two 3-D outputs sharing ``(B, A)``
     with one ending in 4 -> ``ssd``; 3-D outputs that pair into class scores and distance
     distributions per level -> ``gfl`` (:func:`gfl_levels`); ``(N, 6|7)`` or
-    ``(B, N, 6|7)`` rows that read as boxes -> ``nms``; one 3-D ``(B, K, A)`` with
+    ``(B, N, 6|7)`` rows that read as boxes -> ``nms``; two 3-D outputs sharing ``(B, A)``
+    with different widths, neither 4 -> ``anchors``; one 3-D ``(B, K, A)`` with
     ``K < A`` -> ``yolov8``; ``(B, A, K)`` with ``A > K >= 6`` -> ``yolov5``. Raises
     :class:`DataError` otherwise."""
     if gfl_levels(outputs) is not None:
@@ -202,6 +210,8 @@ def detect_layout(outputs: Sequence[np.ndarray]) -> str:
         shared = a.ndim == 3 and b.ndim == 3 and a.shape[:2] == b.shape[:2]
         if shared and 4 in (a.shape[2], b.shape[2]):
             return "ssd"
+        if shared and a.shape[2] != b.shape[2]:
+            return "anchors"
     head = outputs[0]
     if head.ndim == 2 and head.shape[1] in (6, 7):
         return "nms"
@@ -322,6 +332,31 @@ def _decode_gfl(levels: list[tuple[np.ndarray, np.ndarray]], opt: DecodeOptions)
     return _select(np.concatenate(boxes), np.concatenate(scores), np.concatenate(classes), every)
 
 
+def anchor_pair(outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A raw anchor head's ``(regressions (B, A, K), scores (B, A, C))``, ``C < K``, from its
+    first two outputs; None unless both are 3-D and share ``(B, A)``."""
+    if len(outputs) < 2:
+        return None
+    a, b = outputs[0], outputs[1]
+    if a.ndim != 3 or b.ndim != 3 or a.shape[:2] != b.shape[:2] or a.shape[2] == b.shape[2]:
+        return None
+    return (a, b) if a.shape[2] > b.shape[2] else (b, a)
+
+
+def _decode_anchors(scores: np.ndarray, opt: DecodeOptions) -> Detections:
+    """One image's per-anchor scores ``(A, C)``: each anchor a unit box of its own, far
+    from every other, so NMS keeps every anchor and matching pairs each with itself."""
+    probs = scores.astype(np.float64)
+    if opt.sigmoid:
+        probs = _sigmoid(probs)
+    classes = probs.argmax(axis=1)
+    best = probs[np.arange(len(probs)), classes]
+    place = 4.0 * np.arange(len(probs), dtype=np.float64)
+    boxes = np.stack([place, np.zeros_like(place), place + 1.0, np.ones_like(place)], axis=1)
+    every = replace(opt, max_detections=max(len(probs), opt.max_detections))
+    return _select(boxes, best, classes.astype(np.int64), every)
+
+
 def _decode_rows(rows: np.ndarray, opt: DecodeOptions) -> Detections:
     """Post-NMS rows ``(n, 6)``: corners, score, class (or class, score)."""
     rows = rows.astype(np.float64).reshape(-1, 6)
@@ -378,6 +413,16 @@ def decode(
                 hint=_LAYOUT_HINT,
             )
         return [_decode_ssd(b, s, opt) for b, s in zip(boxes, scores)]
+    if layout == "anchors":
+        pair = anchor_pair(outputs)
+        if pair is None:
+            shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
+            raise DataError(
+                f"detection: the anchors layout needs two 3-D outputs sharing (B, A), "
+                f"regressions (B, A, K) and scores (B, A, C) with C < K, the outputs are {shapes}",
+                hint=_LAYOUT_HINT,
+            )
+        return [_decode_anchors(scores, opt) for scores in pair[1]]
     if layout == "gfl":
         pairs = opt.levels if opt.levels is not None else gfl_pairs(outputs)
         if pairs is None:
@@ -504,6 +549,9 @@ class _DetectionAgreement:
             return opt
         if layout == "ssd":
             scores = reference[1] if reference[0].shape[-1] == 4 else reference[0]
+        elif layout == "anchors":
+            pair = anchor_pair(reference)
+            scores = pair[1] if pair is not None else reference[0]
         elif layout == "gfl":
             opt.levels = gfl_pairs(reference)
             scores = reference[opt.levels[0][0]] if opt.levels else reference[0]

@@ -32,6 +32,7 @@ from .task_detection import (
     DetectionF1,
     DetectionMAP50,
     Detections,
+    anchor_pair,
     box_iou,
     decode,
     detect_layout,
@@ -254,6 +255,22 @@ def _detection_choice(outs: list[np.ndarray]) -> MetricChoice | None:
                     f"outputs {_shape(boxes)} + {_shape(scores)}: SSD-style boxes and "
                     f"{scores.shape[2]} class scores per anchor -> detection F1",
                 )
+    pair = anchor_pair(outs)
+    if (
+        pair is not None
+        and pair[0].shape[2] != 4
+        and pair[0].shape[1] > 100
+        and gfl_levels(outs) is None
+    ):
+        regressions, scores = pair
+        kind = "probabilities" if in_unit(scores) else "logits"
+        return MetricChoice(
+            "detection_f1",
+            f"outputs {_shape(regressions)} + {_shape(scores)}: {regressions.shape[2]} "
+            f"anchor-relative box values and {scores.shape[2]} class score(s) ({kind}) per "
+            "anchor; without the model's anchors lpq cannot place the boxes -> detection F1 "
+            "over anchors (an anchor whose score passes the threshold is a detection)",
+        )
     levels = gfl_levels(outs)
     if levels is not None and levels[0][0].shape[1] > 100:
         scores, dists = levels[0]
