@@ -29,6 +29,28 @@ log = logging.getLogger(__name__)
 _PROBE_RUNS = 3
 
 
+def output_names(model: Any) -> list[str]:
+    """The model's output names, in the order :func:`evaluate` passes the outputs on: the
+    serving signature's names (Keras output layer names, MediaPipe's ``regressors`` /
+    ``classificators``), else the output tensors' own."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from .graph import read
+
+    content = model.content if isinstance(model, QuantizedModel) else prepare(model).float_tflite
+    parsed = read(content)
+    named: dict[int, str] = {}
+    root = schema.Model.GetRootAs(content, 0)
+    for i in range(root.SignatureDefsLength()):
+        signature = root.SignatureDefs(i)
+        if signature.SubgraphIndex() != 0:
+            continue
+        for j in range(signature.OutputsLength()):
+            entry = signature.Outputs(j)
+            named.setdefault(entry.TensorIndex(), (entry.Name() or b"").decode())
+    return [named.get(index) or parsed.tensors[index].name for index in parsed.outputs]
+
+
 def threads(options: dict[str, Any]) -> int | None:
     """``num_threads`` from the options, else ``LPQ_TF_THREADS``, else LiteRT's default."""
     value = options.get("num_threads", os.environ.get("LPQ_TF_THREADS"))

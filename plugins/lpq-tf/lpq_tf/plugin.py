@@ -74,6 +74,7 @@ class TfPlugin(lpq.AdaptorHooks):
     query_capability = lazy_job("lpq_tf.capability:query_capability")
     quantize = lazy_job("lpq_tf.quantize:quantize")
     evaluate = lazy_job("lpq_tf.evaluate:evaluate")
+    output_names = lazy_job("lpq_tf.evaluate:output_names")
     cast_lowp = lazy_job("lpq_tf.lowp:cast_lowp")
     inspect_tensor = lazy_job("lpq_tf.inspection:inspect_tensor")
     quantized_ops = lazy_job("lpq_tf.precision:quantized_ops")
