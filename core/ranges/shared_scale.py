@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..plan.tune_config import OpConfig, TuneConfig
 
-#: An op whose inputs' ranges spread more than this (widest / narrowest) stays fp32.
+#: An 8-bit op whose inputs' ranges spread more than this (widest / narrowest) stays fp32
+#: (adaptors apply the rule to int8 / uint8 ops only: 16 bits keep 4096 levels at 16x).
 MAX_SPREAD = 16.0
 #: The adaptor option that overrides :data:`MAX_SPREAD` (0 turns the rule off).
 SPREAD_OPTION = "concat_max_spread"

@@ -36,7 +36,13 @@ def unshareable_ops(
     limit = max_spread(options)
     if limit == 0:
         return []
-    return unshareable(input_ranges(model, stats, plan), limit)
+    # 8-bit activations only: a 16-bit Concat keeps 4096 levels for a 16x narrower input.
+    eight_bit = {
+        name: cfg
+        for name, cfg in plan.items()
+        if getattr(getattr(cfg, "activation", None), "dtype", None) in ("int8", "uint8")
+    }
+    return unshareable(input_ranges(model, stats, eight_bit), limit)
 
 
 def input_ranges(

@@ -120,3 +120,22 @@ def test_a_concat_of_alike_ranges_is_quantized():
 def test_a_bad_limit_is_a_clear_error():
     with pytest.raises(lpq.ConfigError, match="concat_max_spread"):
         quantize(yolo_head(320.0), concat_max_spread="wide")
+
+
+def test_a_16_bit_concat_is_left_quantized():
+    """The limit is for 8-bit scales: 16-bit activations keep 4096 levels for the scores."""
+    model = yolo_head(320.0)
+    pm = lpq.get_plugin_manager()
+    loader = ArrayLoader(images(16, seed=1), batch_size=1)
+    cap = pm.query_capability(FW, model, loader, {})
+    ops = {}
+    for key in cap.opwise:
+        cfg = cap.default_op_config(key)
+        if cfg.activation is not None:
+            sixteen = lpq.TensorConfig(**{**vars(cfg.activation), "dtype": "uint16"})
+            cfg = lpq.OpConfig(cfg.precision, cfg.mode, cfg.weight, sixteen)
+        ops[key] = cfg
+    cfg = lpq.TuneConfig(ops=ops, calib_sampling_size=16, options={"latency_aware": False})
+    result = pm.quantize(FW, model, cfg, loader)
+    assert concat_quantized(result)
+    assert score_error(model, result.proto) < 0.03
