@@ -252,9 +252,10 @@ def dequantize(tensor: Tensor, values: np.ndarray) -> np.ndarray:
 def normalize(content: bytes) -> bytes:
     """A float ``.tflite`` as lpq's quantizers need it; ``content`` itself if nothing to do.
 
-    * float16 weights stored behind DEQUANTIZE ops (MediaPipe ships its models so) become
-      float32 constants: LiteRT dequantizes them when it loads the model anyway, so the
-      fp32 model computes the same, and the quantizers see ordinary float weights;
+    * float16 or sparse weights unpacked by DEQUANTIZE / DENSIFY ops (MediaPipe ships its
+      models so) become float32 constants (:func:`lpq_tf.simplify.unpacked`): LiteRT
+      unpacks them when it loads the model anyway, so the fp32 model computes the same,
+      and the quantizers see ordinary float weights;
     * a model without a signature (converted by old tools) gets ``serving_default``,
       which ai-edge-quantizer's calibrator needs;
     * op codes of old schema versions (the op in ``deprecated_builtin_code``, 0 = ADD in
@@ -270,35 +271,28 @@ def normalize(content: bytes) -> bytes:
 
     parsed = read(content)
     fusions = simplify.fusions(parsed)
-    folds = [
-        op
-        for op in parsed.ops
-        if op.op_type == "DEQUANTIZE"
-        and op.inputs
-        and parsed.tensors[op.inputs[0]].buffer is not None
-        and np.dtype(parsed.tensors[op.inputs[0]].dtype) == np.float16
-    ]
+    chains = simplify.unpacked(parsed)
     root = schema.Model.GetRootAs(content, 0)
     has_signature = root.SignatureDefsLength() > 0
     old_codes = any(
         root.OperatorCodes(i).BuiltinCode() < root.OperatorCodes(i).DeprecatedBuiltinCode()
         for i in range(root.OperatorCodesLength())
     )
-    if not folds and not fusions and has_signature and not old_codes:
+    if not chains.ops and not fusions and has_signature and not old_codes:
         return content
     model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
     for code in model.operatorCodes:
         code.builtinCode = max(code.builtinCode, code.deprecatedBuiltinCode)
     subgraph = model.subgraphs[0]
-    for op in folds:
-        weights = parsed.constant(op.inputs[0])
-        assert weights is not None
+    for index, weights in simplify.unpacked_values(content, parsed, chains).items():
         buffer = schema.BufferT()
-        buffer.data = np.frombuffer(weights.astype(np.float32).tobytes(), dtype=np.uint8)
+        data = weights.astype(parsed.tensors[index].dtype).tobytes()
+        buffer.data = np.frombuffer(data, dtype=np.uint8)
         model.buffers.append(buffer)
-        subgraph.tensors[op.outputs[0]].buffer = len(model.buffers) - 1
+        subgraph.tensors[index].buffer = len(model.buffers) - 1
     fused, unused = simplify.fuse(model, fusions)
-    dropped = {op.index for op in folds} | fused
+    unused |= set(chains.inner)
+    dropped = set(chains.ops) | fused
     subgraph.operators = [op for i, op in enumerate(subgraph.operators) if i not in dropped]
     if not has_signature:
         signature = schema.SignatureDefT()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from lpq import ConfigError, LpqError, ModelError, OpConfig, TuneConfig
@@ -41,6 +42,8 @@ from .runtime import Runner
 log = logging.getLogger("lpq.tf")
 
 CONVERTER = "tflite-converter"
+#: At most this many ops kept fp32 because LiteRT has no kernel for them quantized.
+MAX_NO_KERNEL = 20
 AEQ = "ai-edge-quantizer"
 FLOAT = "float"
 _IO_DTYPES = ("float32", "int8")
@@ -95,6 +98,25 @@ def quantize(
         return quantize_with_aeq(prepared, by_tensor, samples, io_dtype), route
 
     content, route = convert(configs)
+    for _ in range(MAX_NO_KERNEL):
+        # An op LiteRT has no kernel for as quantized (MediaPipe's pose detector: a conv
+        # whose int8 weights ai-edge-quantizer gave a zero point) stays fp32, as a user
+        # would keep it; each such op costs one more conversion.
+        missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
+        cfg = configs.get(missing.name) if missing is not None and missing.name else None
+        if missing is None or cfg is None or not cfg.quantized:
+            break
+        log.info(
+            "kept fp32: %s (%s): LiteRT has no kernel for it as quantized (%s)",
+            missing.name,
+            missing.op_type,
+            missing.reason,
+        )
+        tune_cfg = tune_cfg.with_ops(
+            {key: OpConfig.fallback() for key in tune_cfg.ops if key[0] == missing.name}
+        )
+        configs = _all_op_configs(prepared, tune_cfg)
+        content, route = convert(configs)
     decision = None
     if route != FLOAT and latency.wanted(options, io_dtype):
         check_runs(QuantizedModel(content, tune_cfg, prepared.ops(), route))
@@ -130,25 +152,46 @@ def quantize(
     return qmodel
 
 
+@dataclass(frozen=True)
+class NoKernel:
+    """An op of a quantized model LiteRT has no kernel for, as LiteRT reported it."""
+
+    #: the op's lpq name (None where LiteRT's node could not be matched to one)
+    name: str | None
+    node: str
+    op_type: str
+    reason: str
+
+
+def no_kernel(qmodel: QuantizedModel) -> NoKernel | None:
+    """Load the quantized model in LiteRT once: the op it has no kernel for, or None."""
+    try:
+        Runner(qmodel.content).prepare()
+    except LpqError as exc:
+        reason = exc.message.split(": ", 1)[-1][:160]
+        node = re.search(r"Node number (\d+) \((\w+)\)", exc.message)
+        if node is None:
+            return NoKernel(None, "", "", reason)
+        index = int(node.group(1))
+        matched = match_ops(qmodel.float_ops, read(qmodel.content))
+        name = next((n for n, op in matched.items() if op.index == index), None)
+        return NoKernel(name, node.group(1), node.group(2), reason)
+    return None
+
+
 def check_runs(qmodel: QuantizedModel) -> None:
     """Load the quantized model in LiteRT once, so that a model with an op no kernel can
     run (e.g. a 16x8 depthwise conv whose scales overflow) fails here, naming the op,
     instead of in the middle of an evaluation."""
-    try:
-        Runner(qmodel.content).prepare()
-    except LpqError as exc:
-        node = re.search(r"Node number (\d+) \((\w+)\)", exc.message)
-        name = None
-        if node:
-            index = int(node.group(1))
-            matched = match_ops(qmodel.float_ops, read(qmodel.content))
-            name = next((n for n, op in matched.items() if op.index == index), None)
-        raise ModelError(
-            "LiteRT cannot run the model as quantized: "
-            + (f"op {name or node.group(1)} ({node.group(2)}) " if node else "")
-            + f"has no kernel for its quantization ({exc.message.split(': ', 1)[-1][:160]})",
-            hint="keep that op in fp32, or quantize it another way (int8 instead of 16x8)",
-        ) from None
+    missing = no_kernel(qmodel)
+    if missing is None:
+        return
+    where = f"op {missing.name or missing.node} ({missing.op_type}) " if missing.node else ""
+    raise ModelError(
+        f"LiteRT cannot run the model as quantized: {where}has no kernel for its "
+        f"quantization ({missing.reason})",
+        hint="keep that op in fp32, or quantize it another way (int8 instead of 16x8)",
+    )
 
 
 def _check_op_config(name: str, cfg: OpConfig) -> None:

@@ -126,3 +126,43 @@ def test_the_int8_model_has_no_standalone_relu(mediapipe_style: Path):
     )
     types = op_types(result.model.content)
     assert "ADD" in types and "RELU" not in types
+
+
+def sparse_convs() -> bytes:
+    """A float .tflite whose conv weights are stored sparse behind DENSIFY ops (the
+    converter's sparsity optimization; MediaPipe's pose detector ships so)."""
+    x = tf.keras.Input((8, 8, 3), name="x")
+    hidden = tf.keras.layers.Conv2D(16, 3, padding="same", name="c1")(x)
+    model = tf.keras.Model(x, tf.keras.layers.Conv2D(32, 1, name="c2")(hidden))
+    rng = np.random.default_rng(0)
+    weights = []
+    for w in model.get_weights():
+        value = rng.normal(size=w.shape).astype(np.float32)
+        if value.ndim == 4:
+            value[rng.random(value.shape) < 0.8] = 0.0
+        weights.append(value)
+    model.set_weights(weights)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
+    return bytes(converter.convert())
+
+
+def test_sparse_weights_become_constants_and_quantize_as_weights(tmp_path: Path):
+    content = sparse_convs()
+    assert op_types(content).count("DENSIFY") == 2  # the converter did what it says
+    path = tmp_path / "sparse.tflite"
+    path.write_bytes(content)
+    normalized = prepare(path).float_tflite
+    assert op_types(normalized) == ["CONV_2D", "CONV_2D"]
+    x = np.random.default_rng(1).normal(size=(2, 8, 8, 3)).astype(np.float32)
+    np.testing.assert_array_equal(Runner(normalized).run([x])[0], Runner(content).run([x])[0])
+    # Quantized, the conv weights are weights (symmetric int8), which LiteRT runs: left as
+    # DENSIFY outputs they were quantized as activations, and LiteRT had no kernel.
+    data = np.random.default_rng(2).normal(size=(16, 8, 8, 3)).astype(np.float32)
+    result = lpq.quantize(
+        str(path),
+        lpq.PostTrainingQuantConfig(approach="static", latency_aware=False),
+        ArrayLoader(data, batch_size=1),
+    )
+    ops = lpq.get_plugin_manager().quantized_ops(result.framework, result.model)
+    assert list(ops.values()) == ["int8", "int8"]
