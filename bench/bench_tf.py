@@ -53,6 +53,8 @@ MEDIAPIPE_MODELS = (
     "face_landmark",
     "face_detection_short_range",
     "selfie_segmentation",
+    "pose_detection",
+    "palm_detection_lite",
 )
 VARIANTS = ("keras", "float", "int8", "16x8", "dynamic")
 PRECISIONS = {
