@@ -22,8 +22,8 @@ import numpy as np
 if TYPE_CHECKING:
     from .graph import Graph
 
-#: Standalone activation ops -> the ``fused_activation_function`` spelling them.
-ACTIVATIONS = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
+#: Standalone activation ops a ``fused_activation_function`` of the same name replaces.
+ACTIVATIONS = frozenset({"RELU", "RELU6", "RELU_N1_TO_1"})
 #: Ops whose options carry a fused activation.
 FUSING = frozenset({"ADD", "SUB", "MUL", "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 
@@ -57,7 +57,7 @@ def fusions(graph: Graph) -> list[Fusion]:
         if before is None or before.op_type not in FUSING or len(before.outputs) != 1:
             continue
         if readers.get(op.inputs[0]) == 1:
-            found.append(Fusion(op.index, before.index, op.inputs[0], ACTIVATIONS[op.op_type]))
+            found.append(Fusion(op.index, before.index, op.inputs[0], op.op_type))
     return found
 
 
