@@ -197,23 +197,22 @@ def _outside(buffer: Any) -> bool:
 _FLATBUFFER_LIMIT = 2**31 - 2**20
 
 
-def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
-    """A copy of the model with metadata ``entries`` set (others of the same name dropped).
+def editable(content: bytes, extra_bytes: int = 0) -> Any:
+    """``content`` as a ``schema.ModelT`` to edit and repack, with every buffer inside it.
 
     Repacking drops what lies after the flatbuffer, so buffers stored there (at an offset
     into the file, as ai-edge-quantizer writes some constants) are moved inside first:
     kept as offsets, they would point past the end of the new file, which LiteRT then
     refuses to load ("Constant buffer 34 specified an out of range offset", MediaPipe's
-    BlazeFace quantized by ai-edge-quantizer)."""
-    import flatbuffers
+    BlazeFace quantized by ai-edge-quantizer). ``extra_bytes``: what the edit will add."""
     from ai_edge_litert import schema_py_generated as schema
 
     model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
     outside = [b for b in model.buffers or [] if b.offset > 1 and b.size > 0]
-    if len(content) + sum(len(d) for d in entries.values()) > _FLATBUFFER_LIMIT and outside:
+    if len(content) + extra_bytes > _FLATBUFFER_LIMIT and outside:
         raise ModelError(
             f"the .tflite model ({len(content) >> 20} MB) keeps its weights after the "
-            "flatbuffer, and lpq cannot add its metadata to a model this large",
+            "flatbuffer, and lpq cannot rewrite a model this large",
             hint="save the model's bytes (QuantizedModel.content) yourself",
         )
     for buffer in outside:
@@ -221,6 +220,25 @@ def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
             content, dtype=np.uint8, count=buffer.size, offset=buffer.offset
         )
         buffer.offset = buffer.size = 0
+    return model
+
+
+def pack(model: Any, size_hint: int) -> bytes:
+    """A ``schema.ModelT`` as ``.tflite`` bytes."""
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size_hint + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
+    """A copy of the model with metadata ``entries`` set (others of the same name
+    dropped)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    added = sum(len(d) for d in entries.values())
+    model = editable(content, added)
     model.metadata = [m for m in (model.metadata or []) if m.name.decode() not in entries]
     model.buffers = model.buffers or []
     for name, data in entries.items():
@@ -231,9 +249,7 @@ def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
         meta.name = name.encode()
         meta.buffer = len(model.buffers) - 1
         model.metadata.append(meta)
-    builder = flatbuffers.Builder(len(content) + sum(len(d) for d in entries.values()) + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack(model, len(content) + added)
 
 
 def dequantize(tensor: Tensor, values: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ A recipe entry matches an op by its *scope*, the op's output tensor name followe
 data-movement ops between quantized ops are quantized too, as the converter does), then
 one entry per op of the tune_cfg: static int8 / int16 activations, dynamic int8, fp16
 weights (float casting) or ``no_quantize`` for fp32. Model inputs and outputs stay float
-unless ``io_dtype`` is ``int8``.
+unless ``io_dtype`` is ``int8`` (:func:`float_outputs` makes sure of the outputs).
 """
 
 from __future__ import annotations
@@ -91,4 +91,79 @@ def quantize_with_aeq(
             hint="keep the ops it names in fp32\n" + log,
         ),
     )
-    return bytes(result.quantized_model)
+    quantized = bytes(result.quantized_model)
+    return quantized if io_dtype == "int8" else float_outputs(quantized)
+
+
+def float_outputs(content: bytes) -> bytes:
+    """``content`` with every integer graph output made float32 again.
+
+    ai-edge-quantizer quantizes some graph outputs whatever the recipe says for them
+    (MediaPipe's BlazeFace: both int8, its face logits at a step of 1.4 after a Concat
+    lpq had kept fp32). An output written by a QUANTIZE of a float tensor is that float
+    tensor again (the QUANTIZE goes); any other gets a DEQUANTIZE. The signature keeps its
+    output names."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from ..graph import editable, pack
+    from ..simplify import drop_tensors
+
+    model = editable(content, 4096)
+    subgraph = model.subgraphs[0]
+    float32 = schema.TensorType.FLOAT32
+    if all(subgraph.tensors[t].type == float32 for t in subgraph.outputs):
+        return content
+    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+    producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
+    readers = Counter(t for op in subgraph.operators for t in op.inputs)
+    replaced: dict[int, int] = {}
+    dropped_ops: set[int] = set()
+    for output in subgraph.outputs:
+        if subgraph.tensors[output].type == float32:
+            continue
+        index = producer.get(output, -1)
+        op = subgraph.operators[index] if index >= 0 else None
+        if (
+            op is not None
+            and codes[op.opcodeIndex] == schema.BuiltinOperator.QUANTIZE
+            and subgraph.tensors[op.inputs[0]].type == float32
+            and readers[output] == 0
+        ):
+            replaced[output] = op.inputs[0]
+            dropped_ops.add(index)
+            continue
+        if schema.BuiltinOperator.DEQUANTIZE not in codes:
+            code = schema.OperatorCodeT()
+            code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.DEQUANTIZE
+            code.version = 1
+            model.operatorCodes.append(code)
+            codes.append(schema.BuiltinOperator.DEQUANTIZE)
+        value = schema.TensorT()
+        value.shape = list(subgraph.tensors[output].shape)
+        value.shapeSignature = subgraph.tensors[output].shapeSignature
+        value.type, value.buffer = float32, 0
+        value.name = (subgraph.tensors[output].name or b"output") + b"_float"
+        subgraph.tensors.append(value)
+        dequantize = schema.OperatorT()
+        dequantize.opcodeIndex = codes.index(schema.BuiltinOperator.DEQUANTIZE)
+        dequantize.inputs, dequantize.outputs = [output], [len(subgraph.tensors) - 1]
+        subgraph.operators.append(dequantize)
+        replaced[output] = len(subgraph.tensors) - 1
+    # Each signature output follows its graph output: named by the output tensor itself,
+    # or (as ai-edge-quantizer leaves some) by the float tensor its QUANTIZE reads.
+    position = {t: k for k, t in enumerate(subgraph.outputs)}
+    for k, t in enumerate(subgraph.outputs):
+        index = producer.get(t, -1)
+        quantize = subgraph.operators[index] if index >= 0 else None
+        if quantize is not None and codes[quantize.opcodeIndex] == schema.BuiltinOperator.QUANTIZE:
+            position.setdefault(quantize.inputs[0], k)
+    subgraph.outputs = [replaced.get(t, t) for t in subgraph.outputs]
+    for signature in model.signatureDefs or []:
+        for entry in signature.outputs or []:
+            if entry.tensorIndex in position:
+                entry.tensorIndex = subgraph.outputs[position[entry.tensorIndex]]
+    # The integer outputs whose QUANTIZE went are read by nothing now.
+    unused = {t for t in replaced if t in producer and producer[t] in dropped_ops}
+    subgraph.operators = [op for i, op in enumerate(subgraph.operators) if i not in dropped_ops]
+    drop_tensors(model, unused)
+    return pack(model, len(content) * 2)
