@@ -193,49 +193,12 @@ def _outside(buffer: Any) -> bool:
     return bool(buffer.Offset() > 1 and buffer.Size() > 0)
 
 
-#: A flatbuffer holds at most 2 GiB: buffers outside it cannot all be moved in beyond that.
-_FLATBUFFER_LIMIT = 2**31 - 2**20
-
-
-def editable(content: bytes, extra_bytes: int = 0) -> Any:
-    """``content`` as a ``schema.ModelT`` to edit and repack, with every buffer inside it.
-
-    Repacking drops what lies after the flatbuffer, so buffers stored there (at an offset
-    into the file, as ai-edge-quantizer writes some constants) are moved inside first:
-    kept as offsets, they would point past the end of the new file, which LiteRT then
-    refuses to load ("Constant buffer 34 specified an out of range offset", MediaPipe's
-    BlazeFace quantized by ai-edge-quantizer). ``extra_bytes``: what the edit will add."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
-    outside = [b for b in model.buffers or [] if b.offset > 1 and b.size > 0]
-    if len(content) + extra_bytes > _FLATBUFFER_LIMIT and outside:
-        raise ModelError(
-            f"the .tflite model ({len(content) >> 20} MB) keeps its weights after the "
-            "flatbuffer, and lpq cannot rewrite a model this large",
-            hint="save the model's bytes (QuantizedModel.content) yourself",
-        )
-    for buffer in outside:
-        buffer.data = np.frombuffer(
-            content, dtype=np.uint8, count=buffer.size, offset=buffer.offset
-        )
-        buffer.offset = buffer.size = 0
-    return model
-
-
-def pack(model: Any, size_hint: int) -> bytes:
-    """A ``schema.ModelT`` as ``.tflite`` bytes."""
-    import flatbuffers
-
-    builder = flatbuffers.Builder(size_hint + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
-
-
 def with_metadata(content: bytes, entries: dict[str, bytes]) -> bytes:
     """A copy of the model with metadata ``entries`` set (others of the same name
     dropped)."""
     from ai_edge_litert import schema_py_generated as schema
+
+    from .rewrite import editable, pack
 
     added = sum(len(d) for d in entries.values())
     model = editable(content, added)
@@ -280,10 +243,10 @@ def normalize(content: bytes) -> bytes:
     * standalone RELU / RELU6 / RELU_N1_TO_1 ops are fused into the op before them
       (:mod:`lpq_tf.simplify`): XNNPACK then runs the int8 model in one piece.
     """
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     from . import simplify
+    from .rewrite import drop_tensors, editable, pack
 
     parsed = read(content)
     fusions = simplify.fusions(parsed)
@@ -296,7 +259,7 @@ def normalize(content: bytes) -> bytes:
     )
     if not chains.ops and not fusions and has_signature and not old_codes:
         return content
-    model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+    model = editable(content)
     for code in model.operatorCodes:
         code.builtinCode = max(code.builtinCode, code.deprecatedBuiltinCode)
     subgraph = model.subgraphs[0]
@@ -323,7 +286,5 @@ def normalize(content: bytes) -> bytes:
                 entry.tensorIndex = index
                 target.append(entry)
         model.signatureDefs = [signature]
-    simplify.drop_tensors(model, unused)  # after the signature: it is renumbered too
-    builder = flatbuffers.Builder(len(content) * 2 + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    drop_tensors(model, unused)  # after the signature: it is renumbered too
+    return pack(model, len(content) * 2)

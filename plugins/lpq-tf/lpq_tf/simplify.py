@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .rewrite import editable, pack
+
 if TYPE_CHECKING:
     from .graph import Graph
 
@@ -64,7 +66,8 @@ def fusions(graph: Graph) -> list[Fusion]:
 def fuse(model: Any, found: list[Fusion]) -> tuple[set[int], set[int]]:
     """Apply ``found`` to ``model`` (a ``schema.ModelT``) where the producer has no fused
     activation yet: the producer takes the activation and writes the activation's output.
-    Returns the operator and tensor indices now unused (the caller drops them)."""
+    Returns the operator and tensor indices now unused (the caller drops them, the
+    tensors with :func:`lpq_tf.rewrite.drop_tensors`)."""
     from ai_edge_litert import schema_py_generated as schema
 
     operators = model.subgraphs[0].operators
@@ -78,31 +81,6 @@ def fuse(model: Any, found: list[Fusion]) -> tuple[set[int], set[int]]:
         dropped_ops.add(fusion.activation)
         dropped_tensors.add(fusion.tensor)
     return dropped_ops, dropped_tensors
-
-
-def drop_tensors(model: Any, unused: set[int]) -> None:
-    """Remove the ``unused`` tensors of ``model``'s main subgraph and renumber every
-    reference to the others (ai-edge-quantizer's calibrator reads every tensor, and an
-    unused activation has no data)."""
-    if not unused:
-        return
-    subgraph = model.subgraphs[0]
-    kept = [i for i in range(len(subgraph.tensors)) if i not in unused]
-    new = {old: i for i, old in enumerate(kept)}
-    subgraph.tensors = [subgraph.tensors[i] for i in kept]
-
-    def renumber(indices: Any) -> list[int]:
-        return [new[i] if i >= 0 else i for i in (indices if indices is not None else [])]
-
-    subgraph.inputs, subgraph.outputs = renumber(subgraph.inputs), renumber(subgraph.outputs)
-    for op in subgraph.operators:
-        op.inputs, op.outputs = renumber(op.inputs), renumber(op.outputs)
-        if op.intermediates is not None:
-            op.intermediates = renumber(op.intermediates)
-    for signature in model.signatureDefs or []:
-        if signature.subgraphIndex == 0:
-            for entry in [*(signature.inputs or []), *(signature.outputs or [])]:
-                entry.tensorIndex = new[entry.tensorIndex]
 
 
 #: Ops that only unpack a constant weight: float16 -> float32, sparse -> dense.
@@ -156,21 +134,17 @@ def unpacked_values(content: bytes, graph: Graph, chains: Unpacked) -> dict[int,
             assert source is not None
             values[index] = source.astype(np.float32)
         return values
-    import flatbuffers
-    from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    model = schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+    model = editable(content)
     subgraph = model.subgraphs[0]
     first = len(subgraph.outputs)
     subgraph.outputs = [*subgraph.outputs, *chains.weights]
     model.signatureDefs = []  # the signature would hide the added outputs
-    builder = flatbuffers.Builder(len(content) * 2 + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     # LiteRT's own kernels: XNNPACK takes float16 weights as they are and leaves the
     # DEQUANTIZE outputs unwritten.
     interpreter = Interpreter(
-        model_content=bytes(builder.Output()),
+        model_content=pack(model, len(content) * 2),
         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
     )
     interpreter.allocate_tensors()

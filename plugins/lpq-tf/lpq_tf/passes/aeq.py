@@ -103,35 +103,41 @@ def float_outputs(content: bytes) -> bytes:
     lpq had kept fp32). An output written by a QUANTIZE of a float tensor is that float
     tensor again (the QUANTIZE goes); any other gets a DEQUANTIZE. The signature keeps its
     output names."""
+    import numpy as np
     from ai_edge_litert import schema_py_generated as schema
 
-    from ..graph import editable, pack
-    from ..simplify import drop_tensors
+    from ..graph import read
+    from ..rewrite import drop_tensors, editable, pack
 
+    parsed = read(content)  # the flatbuffer as it is: no unpacking where nothing is to do
+    if all(np.dtype(parsed.tensors[t].dtype) == np.float32 for t in parsed.outputs):
+        return content
     model = editable(content, 4096)
     subgraph = model.subgraphs[0]
     float32 = schema.TensorType.FLOAT32
-    if all(subgraph.tensors[t].type == float32 for t in subgraph.outputs):
-        return content
     codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
     producer = {t: i for i, op in enumerate(subgraph.operators) for t in op.outputs}
     readers = Counter(t for op in subgraph.operators for t in op.inputs)
+    # The outputs a QUANTIZE writes: that op, and the tensor it quantizes.
+    quantized_from = {
+        t: (producer[t], subgraph.operators[producer[t]].inputs[0])
+        for t in subgraph.outputs
+        if t in producer
+        and codes[subgraph.operators[producer[t]].opcodeIndex] == schema.BuiltinOperator.QUANTIZE
+    }
     replaced: dict[int, int] = {}
     dropped_ops: set[int] = set()
+    unused: set[int] = set()
     for output in subgraph.outputs:
         if subgraph.tensors[output].type == float32:
             continue
-        index = producer.get(output, -1)
-        op = subgraph.operators[index] if index >= 0 else None
-        if (
-            op is not None
-            and codes[op.opcodeIndex] == schema.BuiltinOperator.QUANTIZE
-            and subgraph.tensors[op.inputs[0]].type == float32
-            and readers[output] == 0
-        ):
-            replaced[output] = op.inputs[0]
-            dropped_ops.add(index)
-            continue
+        if output in quantized_from and readers[output] == 0:
+            index, source = quantized_from[output]
+            if subgraph.tensors[source].type == float32:
+                replaced[output] = source
+                dropped_ops.add(index)
+                unused.add(output)  # read by nothing once its QUANTIZE goes
+                continue
         if schema.BuiltinOperator.DEQUANTIZE not in codes:
             code = schema.OperatorCodeT()
             code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.DEQUANTIZE
@@ -153,17 +159,13 @@ def float_outputs(content: bytes) -> bytes:
     # or (as ai-edge-quantizer leaves some) by the float tensor its QUANTIZE reads.
     position = {t: k for k, t in enumerate(subgraph.outputs)}
     for k, t in enumerate(subgraph.outputs):
-        index = producer.get(t, -1)
-        quantize = subgraph.operators[index] if index >= 0 else None
-        if quantize is not None and codes[quantize.opcodeIndex] == schema.BuiltinOperator.QUANTIZE:
-            position.setdefault(quantize.inputs[0], k)
+        if t in quantized_from:
+            position.setdefault(quantized_from[t][1], k)
     subgraph.outputs = [replaced.get(t, t) for t in subgraph.outputs]
     for signature in model.signatureDefs or []:
         for entry in signature.outputs or []:
             if entry.tensorIndex in position:
                 entry.tensorIndex = subgraph.outputs[position[entry.tensorIndex]]
-    # The integer outputs whose QUANTIZE went are read by nothing now.
-    unused = {t for t in replaced if t in producer and producer[t] in dropped_ops}
     subgraph.operators = [op for i, op in enumerate(subgraph.operators) if i not in dropped_ops]
     drop_tensors(model, unused)
     return pack(model, len(content) * 2)
