@@ -98,11 +98,11 @@ def quantize(
         return quantize_with_aeq(prepared, by_tensor, samples, io_dtype), route
 
     content, route = convert(configs)
+    missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
     for _ in range(MAX_NO_KERNEL):
         # An op LiteRT has no kernel for as quantized (MediaPipe's pose detector: a conv
         # whose int8 weights ai-edge-quantizer gave a zero point) stays fp32, as a user
         # would keep it; each such op costs one more conversion.
-        missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
         cfg = configs.get(missing.name) if missing is not None and missing.name else None
         if missing is None or cfg is None or not cfg.quantized:
             break
@@ -117,9 +117,12 @@ def quantize(
         )
         configs = _all_op_configs(prepared, tune_cfg)
         content, route = convert(configs)
+        missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
+    if missing is not None:
+        raise _no_kernel_error(missing)
+    loaded = content  # LiteRT has loaded this one
     decision = None
     if route != FLOAT and latency.wanted(options, io_dtype):
-        check_runs(QuantizedModel(content, tune_cfg, prepared.ops(), route))
         decision, content = latency.choose(
             float_tflite=prepared.float_tflite,
             configs=configs,
@@ -148,7 +151,8 @@ def quantize(
         samples=samples,
         latency=decision.to_json() if decision is not None else None,
     )
-    check_runs(qmodel)
+    if qmodel.content is not loaded:
+        check_runs(qmodel)
     return qmodel
 
 
@@ -184,10 +188,13 @@ def check_runs(qmodel: QuantizedModel) -> None:
     run (e.g. a 16x8 depthwise conv whose scales overflow) fails here, naming the op,
     instead of in the middle of an evaluation."""
     missing = no_kernel(qmodel)
-    if missing is None:
-        return
+    if missing is not None:
+        raise _no_kernel_error(missing)
+
+
+def _no_kernel_error(missing: NoKernel) -> ModelError:
     where = f"op {missing.name or missing.node} ({missing.op_type}) " if missing.node else ""
-    raise ModelError(
+    return ModelError(
         f"LiteRT cannot run the model as quantized: {where}has no kernel for its "
         f"quantization ({missing.reason})",
         hint="keep that op in fp32, or quantize it another way (int8 instead of 16x8)",
