@@ -48,7 +48,15 @@ def unshareable_ops(
     }
     if not merging:
         return []
-    ranges = _tensor_ranges(prepared, {t for op in merging.values() for t in op.inputs}, samples)
+    # Every CONCATENATION's inputs, read once per model and samples (one run of the float
+    # model over them; a tuning run's trials ask again with other ops int8).
+    key = ("concat-input-ranges", samples.digest, len(samples))
+    if key not in prepared.cache:
+        every = {
+            t for op in prepared.graph.model_ops() if op.op_type in MERGING_OPS for t in op.inputs
+        }
+        prepared.cache[key] = _tensor_ranges(prepared, every, samples)
+    ranges: dict[int, tuple[float, float]] = prepared.cache[key]
     inputs = {
         prepared.names[index]: [ranges[t] for t in op.inputs if t in ranges]
         for index, op in merging.items()
