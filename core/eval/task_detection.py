@@ -223,8 +223,14 @@ def detect_layout(outputs: Sequence[np.ndarray]) -> str:
             return "yolov8"
         if a < k and a >= 6:
             return "yolov5"
-    shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
-    raise DataError(f"detection: cannot read detections from outputs {shapes}", hint=_LAYOUT_HINT)
+    raise DataError(
+        f"detection: cannot read detections from outputs {_shapes(outputs)}", hint=_LAYOUT_HINT
+    )
+
+
+def _shapes(outputs: Sequence[np.ndarray]) -> str:
+    """The outputs' shapes, as an error names them."""
+    return ", ".join(str(tuple(o.shape)) for o in outputs)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -416,20 +422,20 @@ def decode(
     if layout == "anchors":
         pair = anchor_pair(outputs)
         if pair is None:
-            shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
             raise DataError(
                 f"detection: the anchors layout needs two 3-D outputs sharing (B, A), "
-                f"regressions (B, A, K) and scores (B, A, C) with C < K, the outputs are {shapes}",
+                f"regressions (B, A, K) and scores (B, A, C) with C < K, the outputs are "
+                f"{_shapes(outputs)}",
                 hint=_LAYOUT_HINT,
             )
         return [_decode_anchors(scores, opt) for scores in pair[1]]
     if layout == "gfl":
         pairs = opt.levels if opt.levels is not None else gfl_pairs(outputs)
         if pairs is None:
-            shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
             raise DataError(
                 f"detection: the GFL layout needs 3-D scores (B, A, C) in [0, 1] and "
-                f"distance distributions (B, A, 4n) per level, the outputs are {shapes}",
+                f"distance distributions (B, A, 4n) per level, the outputs are "
+                f"{_shapes(outputs)}",
                 hint=_LAYOUT_HINT,
             )
         return [

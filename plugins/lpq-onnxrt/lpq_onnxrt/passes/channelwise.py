@@ -237,7 +237,7 @@ def _wrap_qoperator(quantizer: Any) -> None:
         reduce_range: bool = True,
         keep_float_weight: bool = False,
     ) -> tuple[str, str, str]:
-        init = next((i for i in quantizer.model.initializer() if i.name == weight_name), None)
+        init = quantizer.model.get_initializer(weight_name)
         entry = _entry(quantizer, weight_name)
         settings = None
         if (

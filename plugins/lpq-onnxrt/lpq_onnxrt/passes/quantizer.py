@@ -487,7 +487,7 @@ class WeightCache:
             reduce_range: bool = True,
             keep_float_weight: bool = False,
         ) -> tuple[str, str, str]:
-            init = next((i for i in quantizer.model.initializer() if i.name == weight_name), None)
+            init = quantizer.model.get_initializer(weight_name)
             if init is None:  # ORT's own error
                 return original(
                     weight_name, weight_qType, channel_axis, reduce_range, keep_float_weight
