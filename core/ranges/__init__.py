@@ -38,6 +38,7 @@ from .choice import (
 from .shared_scale import (
     MAX_SPREAD,
     SPREAD_OPTION,
+    KeptFloat,
     Unshareable,
     keep_float,
     max_spread,
@@ -57,6 +58,7 @@ __all__ = [
     "PARTS",
     "SCALES_OPTION",
     "SPREAD_OPTION",
+    "KeptFloat",
     "RangeBackend",
     "RangeChoice",
     "Unshareable",

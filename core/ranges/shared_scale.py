@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import ConfigError
 from ..plan.tune_config import OpConfig, TuneConfig
@@ -39,6 +40,15 @@ SPREAD_OPTION = "concat_max_spread"
 Range = tuple[float, float]
 
 
+class KeptFloat(Protocol):
+    """Ops a rule keeps fp32, and why (:class:`Unshareable`, or an adaptor's own)."""
+
+    @property
+    def ops(self) -> tuple[str, ...]: ...
+
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Unshareable:
     """An op whose inputs cannot share one int8 scale: its ``spread`` (widest input
@@ -48,6 +58,10 @@ class Unshareable:
     spread: float
     narrowest: Range
     widest: Range
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return (self.op,)
 
     @property
     def levels(self) -> float:
@@ -108,14 +122,13 @@ def max_spread(options: Mapping[str, object]) -> float:
     return limit
 
 
-def keep_float(
-    tune_cfg: TuneConfig, found: Sequence[Unshareable], log: logging.Logger
-) -> TuneConfig:
+def keep_float(tune_cfg: TuneConfig, found: Sequence[KeptFloat], log: logging.Logger) -> TuneConfig:
     """``tune_cfg`` with the ops of ``found`` as fp32 fallbacks, each said on ``log``
-    ("kept fp32: ..."): what an adaptor does with :func:`unshareable`'s answer, so that
-    the tune_cfg it returns is the configuration the model really is."""
-    for op in found:
-        log.info("kept fp32: %s", op.describe())
-    names = {op.op for op in found}
+    ("kept fp32: ..."): what an adaptor does with :func:`unshareable`'s answer (or another
+    rule's, such as lpq-tf's output heads), so that the tune_cfg it returns is the
+    configuration the model really is."""
+    for kept in found:
+        log.info("kept fp32: %s", kept.describe())
+    names = {name for kept in found for name in kept.ops}
     fallback = OpConfig.fallback()
     return tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})

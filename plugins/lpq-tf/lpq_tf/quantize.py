@@ -11,7 +11,8 @@
 
 Ops of the capability that the tune_cfg omits stay float, as the contract asks. A
 CONCATENATION whose inputs' calibrated ranges cannot share one int8 scale stays fp32
-(:mod:`lpq_tf.shared_scale`). With the ``latency_aware`` option (on for ``lpq
+(:mod:`lpq_tf.shared_scale`), and so do the ops that compute the model's outputs
+(:mod:`lpq_tf.output_heads`). With the ``latency_aware`` option (on for ``lpq
 quantize``), :mod:`lpq_tf.latency` then keeps in fp32 the ops that make the model slower
 on this machine, and the returned model's tune_cfg says so. The input model is never
 modified. Which quantizer ran is recorded on the result. The work of each quantizer is in
@@ -34,6 +35,7 @@ from .capability import load_spec, quantizable_ops
 from .graph import read
 from .model_io import Prepared, prepare
 from .naming import match_ops
+from .output_heads import output_heads
 from .passes.aeq import quantize_with_aeq
 from .passes.converter import quantize_with_converter
 from .qmodel import QuantizedModel
@@ -84,8 +86,11 @@ def quantize(
     configs = _all_op_configs(prepared, tune_cfg)
     samples = _samples(prepared, configs, tune_cfg, calib_dataloader)
     unshareable = shared_scale.unshareable_ops(prepared, configs, samples, options)
-    if unshareable:
-        tune_cfg = keep_float(tune_cfg, unshareable, log)
+    heads = output_heads(prepared, configs, options)
+    in_heads = {name for head in heads for name in head.ops}
+    unshareable = [op for op in unshareable if op.op not in in_heads]
+    if heads or unshareable:
+        tune_cfg = keep_float(tune_cfg, [*heads, *unshareable], log)
         configs = _all_op_configs(prepared, tune_cfg)
 
     def convert(chosen: dict[str, OpConfig]) -> tuple[bytes, str]:

@@ -6,6 +6,10 @@ data-movement ops between quantized ops are quantized too, as the converter does
 one entry per op of the tune_cfg: static int8 / int16 activations, dynamic int8, fp16
 weights (float casting) or ``no_quantize`` for fp32. Model inputs and outputs stay float
 unless ``io_dtype`` is ``int8`` (:func:`float_outputs` makes sure of the outputs).
+
+The base entry quantizes every op the tune_cfg does not name (RESHAPE, PAD, ...), also
+where it only moves the float output of an op kept fp32:
+:func:`~lpq_tf.passes.moving.following_float` keeps those in fp32 too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from lpq import ModelError, OpConfig
 from ..calibration import Samples, aeq_calibration
 from ..model_io import Prepared
 from ..tfenv import quietly
+from .moving import following_float
 
 
 def _import_aeq() -> tuple[Any, Any]:
@@ -76,6 +81,8 @@ def quantize_with_aeq(
     static = Counter(cfg for cfg in by_tensor.values() if cfg.quantized and cfg.mode == "static")
     if static:
         _add(tool, qtyping, ".*", static.most_common(1)[0][0])
+        fallback = OpConfig.fallback()
+        by_tensor = {**{t: fallback for t in following_float(prepared, by_tensor)}, **by_tensor}
     for tensor, cfg in by_tensor.items():
         _add(tool, qtyping, "^" + re.escape(tensor) + ";", cfg)
     if io_dtype != "int8":

@@ -16,13 +16,15 @@ from lpq import OpConfig
 from ..calibration import Samples, converter_calibrated
 from ..model_io import Prepared, converter_error, run_converter
 from ..tfenv import import_tf, quietly
+from .moving import following_float
 
 
 def quantize_with_converter(
     prepared: Prepared, configs: dict[str, OpConfig], samples: Samples | None, io_dtype: str
 ) -> bytes:
     """The quantized model; every quantized op of ``configs`` has the same choice (the
-    converter's switches are model-wide), fp32 ops are denylisted in int8."""
+    converter's switches are model-wide), fp32 ops are denylisted in int8 (and the ops
+    that only carry their outputs, :func:`~lpq_tf.passes.moving.following_float`)."""
     quantized = [cfg for cfg in configs.values() if cfg.quantized]
     first = quantized[0]
     per_channel = first.weight is None or first.weight.granularity == "per_channel"
@@ -34,6 +36,7 @@ def quantize_with_converter(
         return _whole_model(prepared, samples, per_channel, "16x8", io_dtype)
     tensors = {name: tensor for name, _, tensor in prepared.ops()}
     denylist = [tensors[name] for name, cfg in configs.items() if not cfg.quantized]
+    denylist += following_float(prepared, {tensors[name]: cfg for name, cfg in configs.items()})
     return _static_int8(prepared, samples, denylist, per_channel, io_dtype)
 
 
