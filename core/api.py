@@ -46,7 +46,8 @@ VERDICT_NOT_MET = "accuracy goal NOT met"
 
 @dataclass
 class QuantizedModel:
-    """A quantized model with the tune_cfg that produced it."""
+    """A quantized model with its tune_cfg: the configuration it really is where the
+    adaptor said (see :func:`quantize`), else the one that was asked for."""
 
     model: Any
     framework: str
@@ -547,7 +548,10 @@ def quantize(
     """Quantize ``model`` once, with the default choice for every op (no tuning).
 
     Overrides, approach and excluded precisions from ``conf`` apply; pass ``tune_cfg`` to
-    apply an exact configuration instead (e.g. one from a tuning history).
+    apply an exact configuration instead (e.g. one from a tuning history). The returned
+    ``tune_cfg`` is the configuration the model really is where the adaptor says so (its
+    ``QuantizeResult.tune_cfg`` or ``lpq_resolved_config``: ``auto`` ranges resolved, ops
+    its rules kept fp32), else the one asked for.
     """
     conf = conf or PostTrainingQuantConfig()
     pm = get_plugin_manager()
@@ -560,9 +564,12 @@ def quantize(
         _latency_aware_first(space, searchable=False)
         tune_cfg = space.default()
     result = pm.quantize_result(framework, model, tune_cfg, calib)
+    resolved = result.tune_cfg
+    if resolved is None:
+        resolved = pm.resolved_config(framework, result.model)
     return QuantizedModel(
         model=result.model,
         framework=framework,
-        tune_cfg=tune_cfg,
+        tune_cfg=resolved if resolved is not None else tune_cfg,
         quantized_ops=result.quantized_ops,
     )

@@ -75,3 +75,59 @@ def test_callers_of_quantize_get_the_bare_model(lpq_plugin, tmp_path):
     cfg = lpq.TuneConfig()
     assert isinstance(pm.quantize(FRAMEWORK, model, cfg, CALIB), FakeQuantizedModel)
     assert isinstance(pm.quantize_result(FRAMEWORK, model, cfg, CALIB), lpq.QuantizeResult)
+
+
+class Resolving(Counting):
+    """Reports the configuration its model really is: every op asked quantized kept fp32
+    (an adaptor rule's fallbacks), through QuantizeResult or through the hook."""
+
+    through_hook = False
+
+    @staticmethod
+    def really(tune_cfg: lpq.TuneConfig) -> lpq.TuneConfig:
+        return tune_cfg.with_ops({key: lpq.OpConfig.fallback() for key in tune_cfg.ops})
+
+    @lpq.hookimpl
+    def lpq_quantize(self, framework, model, tune_cfg, calib_dataloader, train_func) -> Any:
+        if framework != FRAMEWORK:
+            return None
+        quantized = FakeQuantizedModel(model, tune_cfg)
+        if self.through_hook:
+            return quantized
+        return lpq.QuantizeResult(quantized, tune_cfg=self.really(tune_cfg))
+
+    @lpq.hookimpl
+    def lpq_resolved_config(self, framework, model) -> lpq.TuneConfig | None:
+        if framework != FRAMEWORK or not self.through_hook:
+            return None
+        return self.really(model.tune_cfg)
+
+
+def _quantized_cfg(plugin: Counting, lpq_plugin: Any) -> tuple[lpq.TuneConfig, lpq.TuneConfig]:
+    """What lpq.quantize returned, and the configuration it asked the adaptor for."""
+    lpq_plugin(plugin, name="fake")
+    model = FakeModel(ops=[("a", "Conv"), ("b", "MatMul")])
+    result = lpq.quantize(model, PostTrainingQuantConfig(framework=FRAMEWORK), CALIB)
+    return result.tune_cfg, result.model.tune_cfg
+
+
+def test_quantize_returns_the_configuration_the_adaptor_says_its_model_is(lpq_plugin, tmp_path):
+    returned, asked = _quantized_cfg(Resolving(tmp_path), lpq_plugin)
+    assert asked.quantized_ops()  # the default plan asked for int8 ops
+    assert not returned.quantized_ops() and returned == Resolving.really(asked)
+
+
+def test_quantize_asks_the_resolved_config_hook_for_a_bare_model(lpq_plugin, tmp_path):
+    plugin = Resolving(tmp_path)
+    plugin.through_hook = True
+    returned, asked = _quantized_cfg(plugin, lpq_plugin)
+    assert returned == Resolving.really(asked) and returned != asked
+
+
+def test_quantize_returns_the_asked_configuration_when_the_adaptor_says_nothing(
+    lpq_plugin, tmp_path
+):
+    plugin = Counting(tmp_path)
+    plugin.report = False
+    returned, asked = _quantized_cfg(plugin, lpq_plugin)
+    assert returned == asked

@@ -78,6 +78,7 @@ class TfPlugin(lpq.AdaptorHooks):
     cast_lowp = lazy_job("lpq_tf.lowp:cast_lowp")
     inspect_tensor = lazy_job("lpq_tf.inspection:inspect_tensor")
     quantized_ops = lazy_job("lpq_tf.precision:quantized_ops")
+    resolved_config = lazy_job("lpq_tf.qmodel:resolved_config")
     save = lazy_job("lpq_tf.persist:save")
     load = lazy_job("lpq_tf.persist:load")
 

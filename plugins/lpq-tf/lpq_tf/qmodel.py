@@ -45,3 +45,11 @@ class QuantizedModel:
             f"QuantizedModel({len(self.content) / 1e6:.2f} MB .tflite by {self.backend}, "
             f"{quantized} of {len(self.float_ops)} ops asked quantized)"
         )
+
+
+def resolved_config(model: Any) -> TuneConfig | None:
+    """The ``lpq_resolved_config`` job: the tune_cfg the model really is. Ops the
+    shared-scale, output-head, no-kernel and latency-aware steps kept fp32 are fallbacks
+    in it, and ``latency_aware`` is off once decided, so quantizing with it again gives
+    the same model without measuring anew."""
+    return model.tune_cfg if isinstance(model, QuantizedModel) else None

@@ -137,12 +137,13 @@ def quantize(
             convert=lambda chosen: convert(chosen)[0],
             planned=content,
         )
+        # What the model now runs, decided: quantizing with it again gives the same model
+        # without measuring anew (lpq_resolved_config).
+        fallback = OpConfig.fallback()
+        tune_cfg = tune_cfg.with_ops(
+            {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
+        ).with_options({"latency_aware": False})
         if decision.keep_float:
-            # What the model now runs: quantizing with it again gives the same model.
-            fallback = OpConfig.fallback()
-            tune_cfg = tune_cfg.with_ops(
-                {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
-            ).with_options({"latency_aware": False})
             configs = _all_op_configs(prepared, tune_cfg)
             route = choose_route(prepared, configs)
     qmodel = QuantizedModel(

@@ -136,3 +136,15 @@ def test_a_reshape_after_an_op_kept_fp32_is_not_quantized(tmp_path: Path):
     for op_type in ("RESHAPE", "CONCATENATION"):
         tensor = parsed.tensors[types[op_type].outputs[0]]
         assert np.dtype(tensor.dtype) == np.float32, (op_type, tensor.name)
+
+
+def test_the_returned_tune_cfg_is_the_model_and_quantizes_to_it_again():
+    """lpq.quantize returns lpq-tf's resolved configuration (lpq_resolved_config): the
+    head as the fallback it is, and the same model from it again."""
+    model = anchor_scores()
+    result = quantize(model)
+    assert not result.tune_cfg.ops[("score", "CONV_2D")].quantized
+    again = lpq.quantize(
+        model, None, ArrayLoader(images(16, seed=1), batch_size=1), tune_cfg=result.tune_cfg
+    )
+    assert again.model.content == result.model.content
