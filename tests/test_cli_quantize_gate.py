@@ -204,3 +204,54 @@ def test_a_written_model_slower_than_fp32_is_said_plainly(tmp_path, fp32_ms, qua
     text = stream.getvalue()
     assert f"{fp32_ms / quantized_ms:.2f}x fp32 speed (batch 1)" in text
     assert ("slower than fp32 in this check" in text) is warned
+
+
+def _fidelity(text: str) -> float:
+    import re
+
+    found = re.search(r"fidelity (\d\.\d+) \(", text)
+    assert found, text
+    return float(found.group(1))
+
+
+def test_metric_options_reach_the_named_metric(capsys, outlier_classifier, tmp_path):
+    """--metric-option sets the metric's own options: the planted loss reads low as top-1
+    agreement, and 1.0 where the fp32 top-1 only has to be among all 8 classes."""
+    model, data = outlier_classifier
+    common = ["--calib", str(data), "--option", "latency_aware=false", "--force"]
+    out = str(tmp_path / "q.onnx")
+    code, top1 = _run(
+        capsys, "quantize", str(model), *common, "--out", out, "--metric", "top1_agreement"
+    )
+    assert code == 0, top1
+    code, all8 = _run(
+        capsys, "quantize", str(model), *common, "--out", out,
+        "--metric", "top1_agreement", "--metric-option", "k=8",
+    )  # fmt: skip
+    assert code == 0, all8
+    assert _fidelity(top1) < 0.95 and _fidelity(all8) == 1.0
+    assert "named with --metric (k=8)" in all8
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--metric-option", "score_threshold=0.5"], "--metric-option needs --metric"),
+        (
+            ["--metric", "detection_f1", "--metric-option", "score=0.5"],
+            "metric detection_f1 has no option score",
+        ),
+    ],
+)
+def test_a_wrong_metric_option_is_refused_before_any_work(
+    capsys, outlier_classifier, tmp_path, argv, said
+):
+    model, data = outlier_classifier
+    out = tmp_path / "q.onnx"
+    code, text = _run(
+        capsys, "quantize", str(model), "--calib", str(data), "--out", str(out), *argv
+    )
+    assert code != 0 and said in text
+    assert "quantizing" not in text and not out.exists()
+    if "score=0.5" in argv:
+        assert "score_threshold=0.25" in text  # the hint lists the options it takes

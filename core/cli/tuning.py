@@ -264,6 +264,14 @@ def _default_out(framework: str, model: str) -> Path:
     "the model's outputs, and said which.",
 )
 @click.option(
+    "--metric-option",
+    "metric_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option of --metric's, e.g. --metric detection_f1 --metric-option "
+    "score_threshold=0.5 for a detector read at 0.5 (repeat; VALUE is read as YAML).",
+)
+@click.option(
     "--min-fidelity",
     type=click.FloatRange(min=0),
     help="Fail (exit 2, nothing written) when the fidelity is below this value.",
@@ -279,6 +287,7 @@ def quantize_command(
     out: str | None,
     eval_data: str | None,
     metric: str | None,
+    metric_options: tuple[str, ...],
     min_fidelity: float | None,
     no_fidelity_check: bool,
     force: bool,
@@ -296,7 +305,7 @@ def quantize_command(
     from ..api import quantize
     from ..errors import ModelError
     from ..eval.data import load_npz
-    from ..eval.fidelity import measure_fidelity
+    from ..eval.fidelity import make_metric, measure_fidelity
     from ..plugins.manager import get_plugin_manager
     from ..tuning.runner import op_counts
     from .checks import (
@@ -315,6 +324,14 @@ def quantize_command(
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
     check_names(pm, backend=kw.get("backend"), metric=metric)
+    metric_kw = _parse_options(metric_options, "--metric-option")
+    if metric_kw:
+        if metric is None:
+            raise click.UsageError(
+                "--metric-option needs --metric: name the metric whose options these are "
+                "(e.g. --metric detection_f1 --metric-option score_threshold=0.5)"
+            )
+        make_metric(pm, metric, metric_kw)  # a wrong option fails here, before any work
     check_data_paths(calib, eval_data)
     check_calib(kw["approach"], calib)
     check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
@@ -351,6 +368,7 @@ def quantize_command(
             held_out,
             held_out_from=held_out_from,
             metric=metric,
+            metric_options=metric_kw,
             timing_batch=_latency_batch(kw.get("adaptor_options") or {}),
         )
         if min_fidelity is not None and fidelity.value < min_fidelity:

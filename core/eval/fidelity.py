@@ -14,6 +14,7 @@ beside speed and size.
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 from collections.abc import Mapping
@@ -101,11 +102,44 @@ def split_held_out(
     return _slice(calib, 0, n - held), _slice(calib, n - held, n)
 
 
-def _metric(pm: Any, name: str) -> Metric:
+def make_metric(pm: Any, name: str, options: Mapping[str, Any] | None = None) -> Metric:
+    """The registered metric ``name`` made with ``options`` (its factory's keyword
+    arguments); a :class:`ConfigError` naming the options it takes where one is wrong."""
     pm.load()
     factory = pm.metrics.get_or_raise(name)
-    metric: Metric = factory()
+    given = dict(options or {})
+    known = _parameters(factory)
+    unknown = sorted(set(given) - set(known)) if known is not None else []
+    takes = ", ".join(f"{key}={value!r}" for key, value in (known or {}).items()) or "none"
+    if unknown:
+        raise ConfigError(
+            f"metric {name} has no option {', '.join(unknown)}",
+            hint=f"{name}'s options (with their defaults): {takes}",
+        )
+    try:
+        metric: Metric = factory(**given)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"metric {name} does not take these options: {exc}",
+            hint=f"{name}'s options (with their defaults): {takes}",
+        ) from None
     return metric
+
+
+def _parameters(factory: Any) -> dict[str, Any] | None:
+    """The keyword arguments a metric factory takes, with their defaults; None where
+    they cannot be listed (a factory taking ``**kwargs``, or no signature)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {
+        p.name: None if p.default is inspect.Parameter.empty else p.default
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
 
 
 def measure_fidelity(
@@ -117,13 +151,15 @@ def measure_fidelity(
     *,
     held_out_from: str,
     metric: str | None = None,
+    metric_options: Mapping[str, Any] | None = None,
     task: str | None = None,
     time_models: bool = True,
     timing_batch: int | None = 1,
 ) -> Fidelity:
     """Score ``quantized_model`` against ``fp32_model``'s outputs on ``held_out``.
 
-    ``metric`` names a registered metric; without it the metric is chosen from the fp32
+    ``metric`` names a registered metric (made with ``metric_options``, e.g. a detection
+    metric's ``score_threshold``); without it the metric is chosen from the fp32
     outputs (``task``, e.g. ``"ctc"``, settles shapes that could be several tasks).
     Both models are timed on the first ``timing_batch`` samples of the first held-out
     batch (None: that whole batch), the batch latency-aware decisions are made at
@@ -139,7 +175,10 @@ def measure_fidelity(
         metric, reason = label_free_metric(recorder.outputs[0], task=task, names=names)
     else:
         reason = "named with --metric"
-    scorer = _metric(pm, metric)
+        if metric_options:
+            shown = ", ".join(f"{key}={value}" for key, value in metric_options.items())
+            reason += f" ({shown})"
+    scorer = make_metric(pm, metric, metric_options)
     result = pm.evaluate(
         framework, quantized_model, ReferenceLoader(held_out, recorder.outputs), [scorer]
     )
