@@ -55,6 +55,9 @@ class QuantizedModel:
     #: fp32 op name -> the precision it runs in, as the adaptor read it from the converted
     #: model when it quantized (None: it did not say; ``pm.quantized_ops`` asks its hook)
     quantized_ops: Mapping[str, str] | None = None
+    #: the tune_cfg that was asked for, where it differs from ``tune_cfg`` (what the
+    #: adaptor resolved it to: ops its rules or latency decisions kept fp32, ...)
+    requested_tune_cfg: TuneConfig | None = None
 
     def save(self, path: str | Path) -> Path:
         """Write the model through its adaptor (atomically, with its tune_cfg)."""
@@ -572,4 +575,5 @@ def quantize(
         framework=framework,
         tune_cfg=resolved if resolved is not None else tune_cfg,
         quantized_ops=result.quantized_ops,
+        requested_tune_cfg=tune_cfg if resolved is not None and resolved != tune_cfg else None,
     )

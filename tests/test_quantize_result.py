@@ -104,11 +104,14 @@ class Resolving(Counting):
 
 
 def _quantized_cfg(plugin: Counting, lpq_plugin: Any) -> tuple[lpq.TuneConfig, lpq.TuneConfig]:
-    """What lpq.quantize returned, and the configuration it asked the adaptor for."""
+    """What lpq.quantize returned, and the configuration it asked the adaptor for (which
+    it also returns as ``requested_tune_cfg`` where the two differ)."""
     lpq_plugin(plugin, name="fake")
     model = FakeModel(ops=[("a", "Conv"), ("b", "MatMul")])
     result = lpq.quantize(model, PostTrainingQuantConfig(framework=FRAMEWORK), CALIB)
-    return result.tune_cfg, result.model.tune_cfg
+    asked = result.model.tune_cfg
+    assert result.requested_tune_cfg == (asked if result.tune_cfg != asked else None)
+    return result.tune_cfg, asked
 
 
 def test_quantize_returns_the_configuration_the_adaptor_says_its_model_is(lpq_plugin, tmp_path):

@@ -437,7 +437,8 @@ def _refuse_unquantized(result: Any, quantized: int, source: str) -> None:
 
     if quantized or source != "model":
         return
-    planned = len(result.tune_cfg.quantized_ops())
+    asked = result.requested_tune_cfg or result.tune_cfg  # before the adaptor's decisions
+    planned = len(asked.quantized_ops())
     if planned:
         raise ModelError(
             f"the configuration quantizes {planned} op(s), but the converted model runs all "

@@ -48,9 +48,15 @@ class QuantizedModel:
 
 
 def resolved_config(model: Any) -> TuneConfig | None:
-    """The ``lpq_resolved_config`` job: the tune_cfg with ``auto`` range algorithms spelled
-    out, so that quantizing with it again gives the same model. None after latency-aware
-    decisions (quantizing again would measure anew) and when nothing was resolved."""
-    if not isinstance(model, QuantizedModel) or model.range_choice is None:
+    """The ``lpq_resolved_config`` job: the tune_cfg the model really is, so that
+    quantizing with it again gives the same model: ``auto`` range algorithms spelled out,
+    the Concats the shared-scale rule kept fp32 as fallbacks and, after latency-aware
+    decisions, the ops they kept fp32 or made dynamic, the format they chose
+    (``quant_format``) and ``latency_aware`` off (nothing left to measure)."""
+    if not isinstance(model, QuantizedModel):
         return None
-    return model.tune_cfg if model.latency is None else None
+    if model.latency is None:
+        return model.tune_cfg
+    return model.tune_cfg.with_options(
+        {"quant_format": model.options["quant_format"], "latency_aware": False}
+    )

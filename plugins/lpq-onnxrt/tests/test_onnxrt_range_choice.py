@@ -117,13 +117,23 @@ def test_the_resolved_config_quantizes_to_the_same_model(pm, lpq_sample_model, c
     assert again.proto.SerializeToString() == result.proto.SerializeToString()
 
 
-def test_no_resolved_config_after_latency_decisions(pm, lpq_sample_model, calib_loader):
+def test_after_latency_decisions_the_resolved_config_is_the_decided_model(
+    pm, lpq_sample_model, calib_loader
+):
+    """After latency-aware decisions the resolved config spells them out (ops kept fp32 or
+    dynamic, the format) with latency_aware off: quantized again, it gives the same model
+    without measuring anything."""
     cfg = _default_cfg(pm, lpq_sample_model, calib_loader).with_options(
         {"latency_aware": True, "latency_budget_s": 0.05}
     )
     result = pm.quantize(FW, lpq_sample_model, cfg, calib_loader)
     assert result.latency is not None and result.range_choice is not None
-    assert pm.resolved_config(FW, result) is None
+    resolved = pm.resolved_config(FW, result)
+    assert resolved is not None and resolved.options["latency_aware"] is False
+    assert resolved.options["quant_format"] == result.latency["quant_format"]
+    again = pm.quantize(FW, lpq_sample_model, resolved, calib_loader)
+    assert again.latency is None  # nothing measured
+    assert again.proto.SerializeToString() == result.proto.SerializeToString()
 
 
 # --------------------------------------------------------------------------- narrowing
