@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.eval.data import ArrayLoader, OutputRecorder
+from lpq.eval.data import ArrayLoader
 
 tf = pytest.importorskip("tensorflow")
+
+from tf_testmodels import head_images, quantized_and_reference  # noqa: E402
 
 from lpq_tf import graph  # noqa: E402
 from lpq_tf.model_io import prepare  # noqa: E402
@@ -44,30 +46,20 @@ def anchor_scores() -> Any:
     return model
 
 
-def images(count: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (count, 8, 8, 3)).astype(np.float32)
-
-
 def quantize(model: Any, **options: Any) -> Any:
     return lpq.quantize(
         model,
         lpq.PostTrainingQuantConfig(
             approach="static", latency_aware=False, adaptor_options=options
         ),
-        ArrayLoader(images(16, seed=1), batch_size=1),
+        ArrayLoader(head_images(16, seed=1), batch_size=1),
     )
 
 
 def near_zero_error(model: Any, result: Any) -> float:
     """The largest logit error, over held-out images, on logits within 4 of zero (where a
     0.5 score threshold decides)."""
-    held_out = images(8, seed=2)
-    recorder = OutputRecorder()
-    lpq.get_plugin_manager().evaluate(
-        result.framework, result.model, ArrayLoader(held_out, batch_size=1), [recorder]
-    )
-    got = np.concatenate([out[0] if isinstance(out, list) else out for out in recorder.outputs])
-    ref = model.predict(held_out, verbose=0)
+    got, ref = quantized_and_reference(model, result)
     near = np.abs(ref) < 4
     assert near.sum() >= 8  # the model has logits there to judge
     return float(np.abs(got - ref)[near].max())
@@ -129,7 +121,7 @@ def test_a_reshape_after_an_op_kept_fp32_is_not_quantized(tmp_path: Path):
         adaptor_options={"float_output_ops": False},
         op_name_dict={re.escape(name): "fp32" for name in kept},
     )
-    result = lpq.quantize(str(path), conf, ArrayLoader(images(16, seed=1), batch_size=1))
+    result = lpq.quantize(str(path), conf, ArrayLoader(head_images(16, seed=1), batch_size=1))
     parsed = graph.read(result.model.content)
     types = {op.op_type: op for op in parsed.ops}
     assert "QUANTIZE" in types  # the body is int8
@@ -145,6 +137,6 @@ def test_the_returned_tune_cfg_is_the_model_and_quantizes_to_it_again():
     result = quantize(model)
     assert not result.tune_cfg.ops[("score", "CONV_2D")].quantized
     again = lpq.quantize(
-        model, None, ArrayLoader(images(16, seed=1), batch_size=1), tune_cfg=result.tune_cfg
+        model, None, ArrayLoader(head_images(16, seed=1), batch_size=1), tune_cfg=result.tune_cfg
     )
     assert again.model.content == result.model.content

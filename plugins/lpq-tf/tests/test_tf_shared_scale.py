@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import lpq
-from lpq.eval.data import ArrayLoader, OutputRecorder
+from lpq.eval.data import ArrayLoader
 
 tf = pytest.importorskip("tensorflow")
+
+from tf_testmodels import head_images, quantized_and_reference  # noqa: E402
 
 
 def yolo_head(box_scale: float) -> Any:
@@ -37,10 +39,6 @@ def yolo_head(box_scale: float) -> Any:
     return model
 
 
-def images(count: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (count, 8, 8, 3)).astype(np.float32)
-
-
 def quantized_score_error(model: Any, **options: Any) -> tuple[float, Any]:
     """The largest class-score difference from the Keras model's over held-out images,
     and the quantized model. The output-head rule (test_tf_output_heads.py) is off: the
@@ -52,15 +50,9 @@ def quantized_score_error(model: Any, **options: Any) -> tuple[float, Any]:
             latency_aware=False,
             adaptor_options={"float_output_ops": False, **options},
         ),
-        ArrayLoader(images(16, seed=1), batch_size=1),
+        ArrayLoader(head_images(16, seed=1), batch_size=1),
     )
-    held_out = images(8, seed=2)
-    recorder = OutputRecorder()
-    lpq.get_plugin_manager().evaluate(
-        result.framework, result.model, ArrayLoader(held_out, batch_size=1), [recorder]
-    )
-    got = np.concatenate([out[0] if isinstance(out, list) else out for out in recorder.outputs])
-    ref = model.predict(held_out, verbose=0)
+    got, ref = quantized_and_reference(model, result)
     return float(np.abs(got[..., 4] - ref[..., 4]).max()), result
 
 

@@ -100,3 +100,25 @@ def top1(model: Any) -> float:
     """Top-1 accuracy of ``model`` (fp32 or quantized) on the 400 eval digits, in LiteRT."""
     result = lpq.get_plugin_manager().evaluate("tf", model, eval_loader(), [lpq.TopK(1)])
     return float(result.accuracy)
+
+
+def head_images(count: int, seed: int) -> np.ndarray:
+    """(count, 8, 8, 3) float32 in [-1, 1]: the inputs of the small detector heads of
+    test_tf_shared_scale.py and test_tf_output_heads.py."""
+    return np.random.default_rng(seed).uniform(-1, 1, (count, 8, 8, 3)).astype(np.float32)
+
+
+def quantized_and_reference(
+    model: Any, result: Any, seed: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first output of ``result`` (an ``lpq.quantize`` result) and of the Keras
+    ``model`` on 8 held-out :func:`head_images`."""
+    from lpq.eval.data import ArrayLoader, OutputRecorder
+
+    held_out = head_images(8, seed)
+    recorder = OutputRecorder()
+    lpq.get_plugin_manager().evaluate(
+        result.framework, result.model, ArrayLoader(held_out, batch_size=1), [recorder]
+    )
+    got = np.concatenate([out[0] if isinstance(out, list) else out for out in recorder.outputs])
+    return got, model.predict(held_out, verbose=0)
