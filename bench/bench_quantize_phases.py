@@ -139,6 +139,10 @@ def _print(result: dict[str, Any]) -> None:
             f"{row['tool']:42} {row['load']:5.1f} {row['cpu_s']:7.2f} {row['sys_s']:6.2f} "
             f"{row['wall_s']:7.1f} {row['peak_mb']:8d}"
         )
+        if row.get("exit"):
+            # A failed run's seconds are no cost to compare (ORT's quant_pre_process stops
+            # with "Incomplete symbolic shape inference" on NudeNet's YOLOv8).
+            print(f"    FAILED (exit {row['exit']}): {(row.get('tail') or [''])[-1][:100]}")
         for phase in row.get("phases", []):
             print(
                 f"    {phase['phase']:38} {'':5} {phase['cpu_s']:7.2f} {'':6} {'':7} "
