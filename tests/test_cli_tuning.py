@@ -115,6 +115,20 @@ def test_tune_without_labels_scores_agreement_with_fp32(mlp_files, tmp_path, cap
     assert "agreement: fp32 1.0000" in capsys.readouterr().out
 
 
+def test_tune_scores_with_the_named_metrics_options(mlp_files, tmp_path, capsys):
+    """--metric-option reaches the tuner's metric, and its name carries the options: the
+    summary says how accuracy was scored, and a run scored another way is not resumed."""
+    argv = ["tune", str(mlp_files["model"]), "--calib", str(mlp_files["calib"])]
+    argv += ["--eval", str(mlp_files["unlabelled"]), "--workspace", str(tmp_path / "ws")]
+    argv += ["--out", str(tmp_path / "o.onnx"), "--max-trials", "2"]
+    argv += ["--metric", "top1_agreement", "--metric-option", "k=2"]
+    assert main(argv) == 0, capsys.readouterr().out
+    summary = json.loads(next((tmp_path / "ws").glob("*/summary.json")).read_text())
+    assert summary["metric"] == "top2_agreement[k=2]"
+    assert main([*argv[:-1], "k=3"]) == 0
+    assert "(resumed)" not in capsys.readouterr().out
+
+
 def test_quantize_static_and_dynamic(mlp_files, tmp_path, capsys):
     static = tmp_path / "static.onnx"
     argv = ["quantize", str(mlp_files["model"]), "--calib", str(mlp_files["calib"])]
@@ -167,6 +181,20 @@ def test_quantize_static_and_dynamic(mlp_files, tmp_path, capsys):
         (["tune", "{text}", "--eval", "{eval}"], "no installed plugin recognises"),
         (["tune", "{model}", "--eval", "{missing}"], "does not exist"),
         (["tune", "--example", "nope"], "unknown example"),
+        (["tune", "{model}", "--eval", "{eval}", "--metric-option", "k=2"], "needs --metric"),
+        (
+            [
+                "tune",
+                "{model}",
+                "--eval",
+                "{eval}",
+                "--metric",
+                "top1_agreement",
+                "--metric-option",
+                "nope=1",
+            ],
+            "has no option nope",
+        ),
         (
             ["quantize", "{model}", "--calib", "{calib}", "--exclude-op-name", "zzz"],
             "matches no quantizable op",

@@ -8,6 +8,7 @@ and says which it chose.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -117,6 +118,38 @@ _FORCE = click.option(
     help="Write --out even where it is a file this run reads (the model or its data), "
     "overwriting it.",
 )
+
+
+_METRIC_OPTION = click.option(
+    "--metric-option",
+    "metric_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda ctx, param, value: _parse_options(value, "--metric-option"),
+    help="An option of --metric's, e.g. --metric detection_f1 --metric-option "
+    "score_threshold=0.5 for a detector read at 0.5 (repeat; VALUE is read as YAML).",
+)
+
+
+def _metric_with_options(pm: Any, metric: str | None, options: dict[str, Any]) -> Any:
+    """The metric ``--metric`` names, made with its ``--metric-option`` values, or None
+    without options; checked before any work (a wrong option is a ConfigError listing
+    those it takes). Its name carries the options, so a tuning run keyed by it is not
+    resumed from a run scored another way."""
+    if not options:
+        return None
+    if metric is None:
+        raise click.UsageError(
+            "--metric-option needs --metric: name the metric whose options these are "
+            "(e.g. --metric detection_f1 --metric-option score_threshold=0.5)"
+        )
+    from ..eval.fidelity import make_metric
+
+    scorer = make_metric(pm, metric, options)
+    shown = ",".join(f"{key}={value}" for key, value in options.items())
+    with contextlib.suppress(AttributeError):  # a metric whose name is read-only keeps it
+        scorer.name = f"{scorer.name}[{shown}]"
+    return scorer
 
 
 def _parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
@@ -263,14 +296,7 @@ def _default_out(framework: str, model: str) -> Path:
     "top1_agreement, cosine, ...; `lpq plugins list -v` lists them). Default: chosen from "
     "the model's outputs, and said which.",
 )
-@click.option(
-    "--metric-option",
-    "metric_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An option of --metric's, e.g. --metric detection_f1 --metric-option "
-    "score_threshold=0.5 for a detector read at 0.5 (repeat; VALUE is read as YAML).",
-)
+@_METRIC_OPTION
 @click.option(
     "--min-fidelity",
     type=click.FloatRange(min=0),
@@ -287,7 +313,7 @@ def quantize_command(
     out: str | None,
     eval_data: str | None,
     metric: str | None,
-    metric_options: tuple[str, ...],
+    metric_options: dict[str, Any],
     min_fidelity: float | None,
     no_fidelity_check: bool,
     force: bool,
@@ -305,7 +331,7 @@ def quantize_command(
     from ..api import quantize
     from ..errors import ModelError
     from ..eval.data import load_npz
-    from ..eval.fidelity import make_metric, measure_fidelity
+    from ..eval.fidelity import measure_fidelity
     from ..plugins.manager import get_plugin_manager
     from ..tuning.runner import op_counts
     from .checks import (
@@ -324,14 +350,7 @@ def quantize_command(
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
     check_names(pm, backend=kw.get("backend"), metric=metric)
-    metric_kw = _parse_options(metric_options, "--metric-option")
-    if metric_kw:
-        if metric is None:
-            raise click.UsageError(
-                "--metric-option needs --metric: name the metric whose options these are "
-                "(e.g. --metric detection_f1 --metric-option score_threshold=0.5)"
-            )
-        make_metric(pm, metric, metric_kw)  # a wrong option fails here, before any work
+    _metric_with_options(pm, metric, metric_options)  # a wrong option fails here
     check_data_paths(calib, eval_data)
     check_calib(kw["approach"], calib)
     check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
@@ -368,7 +387,7 @@ def quantize_command(
             held_out,
             held_out_from=held_out_from,
             metric=metric,
-            metric_options=metric_kw,
+            metric_options=metric_options,
             timing_batch=_latency_batch(kw.get("adaptor_options") or {}),
         )
         if min_fidelity is not None and fidelity.value < min_fidelity:
@@ -508,6 +527,7 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     "'labels' array or, without one, against the fp32 model's outputs.",
 )
 @click.option("--metric", help=_METRIC_HELP)
+@_METRIC_OPTION
 @click.option(
     "--tolerable-loss",
     type=float,
@@ -609,6 +629,7 @@ def tune_command(
     calib: str | None,
     eval_data: str | None,
     metric: str | None,
+    metric_options: dict[str, Any],
     tolerable_loss: float,
     absolute: bool,
     strategy: str,
@@ -677,6 +698,7 @@ def tune_command(
     model = _model_arg(model)
     executor = "ray" if ray_address else executor
     check_names(pm, strategy=strategy, metric=metric, backend=kw.get("backend"), executor=executor)
+    scorer = _metric_with_options(pm, metric, metric_options)
     pm.create_strategy(strategy, **strategy_options)  # its options are checked now, not later
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
@@ -722,7 +744,10 @@ def tune_command(
             pm, framework, model, eval_loader, "evaluation", batch_given=batch_given
         )
         check_labels(eval_loader, outputs, metric)
-        _run_tuning(model, config, calib_data, eval_loader, metric, workspace, target, example_name)
+        _run_tuning(
+            model, config, calib_data, eval_loader, scorer or metric, workspace, target,
+            example_name,
+        )  # fmt: skip
 
 
 def _run_tuning(
@@ -730,13 +755,14 @@ def _run_tuning(
     config: Any,
     calib: Any,
     eval_loader: Any,
-    metric: str | None,
+    metric: Any,
     workspace: str,
     target: Path | None,
     default_name: str | None = None,
 ) -> None:
     """Tune, then write the model, summary and plot. Without ``target`` the model goes into
     the run folder as ``default_name``: one run, one folder (history, summary, plot, model).
+    ``metric``: a metric name, or the metric object ``--metric-option`` made.
     """
     from ..api import fit
     from ..fileio import write_json
