@@ -143,9 +143,7 @@ def _metric_with_options(pm: Any, metric: str | None, options: dict[str, Any]) -
             "--metric-option needs --metric: name the metric whose options these are "
             "(e.g. --metric detection_f1 --metric-option score_threshold=0.5)"
         )
-    from ..eval.fidelity import make_metric
-
-    scorer = make_metric(pm, metric, options)
+    scorer = pm.create_metric(metric, **options)
     shown = ",".join(f"{key}={value}" for key, value in options.items())
     with contextlib.suppress(AttributeError):  # a metric whose name is read-only keeps it
         scorer.name = f"{scorer.name}[{shown}]"

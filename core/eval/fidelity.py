@@ -14,7 +14,6 @@ beside speed and size.
 
 from __future__ import annotations
 
-import inspect
 import math
 import statistics
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 from .data import ArrayLoader, OutputRecorder, ReferenceLoader, batch_size, head, split_batch
-from .evaluation import LatencyMeasurer, Metric
+from .evaluation import LatencyMeasurer
 from .metric_choice import label_free_metric
 from .runtimes import runtimes_kept
 
@@ -102,46 +101,6 @@ def split_held_out(
     return _slice(calib, 0, n - held), _slice(calib, n - held, n)
 
 
-def make_metric(pm: Any, name: str, options: Mapping[str, Any] | None = None) -> Metric:
-    """The registered metric ``name`` made with ``options`` (its factory's keyword
-    arguments); a :class:`ConfigError` naming the options it takes where one is wrong."""
-    pm.load()
-    factory = pm.metrics.get_or_raise(name)
-    given = dict(options or {})
-    known = _parameters(factory)
-    unknown = sorted(set(given) - set(known)) if known is not None else []
-    takes = ", ".join(f"{key}={value!r}" for key, value in (known or {}).items()) or "none"
-    if unknown:
-        raise ConfigError(
-            f"metric {name} has no option {', '.join(unknown)}",
-            hint=f"{name}'s options (with their defaults): {takes}",
-        )
-    try:
-        metric: Metric = factory(**given)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"metric {name} does not take these options: {exc}",
-            hint=f"{name}'s options (with their defaults): {takes}",
-        ) from None
-    return metric
-
-
-def _parameters(factory: Any) -> dict[str, Any] | None:
-    """The keyword arguments a metric factory takes, with their defaults; None where
-    they cannot be listed (a factory taking ``**kwargs``, or no signature)."""
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return None
-    return {
-        p.name: None if p.default is inspect.Parameter.empty else p.default
-        for p in parameters
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-
-
 def measure_fidelity(
     pm: Any,
     framework: str,
@@ -178,7 +137,7 @@ def measure_fidelity(
         if metric_options:
             shown = ", ".join(f"{key}={value}" for key, value in metric_options.items())
             reason += f" ({shown})"
-    scorer = make_metric(pm, metric, metric_options)
+    scorer = pm.create_metric(metric, **dict(metric_options or {}))
     result = pm.evaluate(
         framework, quantized_model, ReferenceLoader(held_out, recorder.outputs), [scorer]
     )

@@ -259,8 +259,28 @@ class PluginManager:
             raise missing_framework_error(framework, self.adaptors, self.records()) from None
 
     def create_metric(self, name: str, **kwargs: Any) -> Metric:
+        """The metric ``name`` made with ``kwargs`` (``--metric-option``); an option its
+        factory does not take is a :class:`ConfigError` listing those it takes, with
+        their defaults."""
         self.load()
-        metric: Metric = self.metrics.get_or_raise(name)(**kwargs)
+        factory = self.metrics.get_or_raise(name)
+        known = _keywords(factory)
+        takes = ", ".join(f"{key}={value!r}" for key, value in (known or {}).items()) or "none"
+        unknown = sorted(set(kwargs) - set(known)) if known is not None else []
+        if unknown:
+            raise ConfigError(
+                f"metric {name} has no option {', '.join(unknown)}",
+                hint=f"{name}'s options (with their defaults): {takes}",
+            )
+        try:
+            metric: Metric = factory(**kwargs)
+        except (TypeError, ValueError) as exc:
+            if not kwargs:
+                raise
+            raise ConfigError(
+                f"metric {name} does not take these options: {exc}",
+                hint=f"{name}'s options (with their defaults): {takes}",
+            ) from None
         return metric
 
     def create_strategy(self, name: str, **kwargs: Any) -> Any:
@@ -493,3 +513,21 @@ def reset_plugin_manager() -> None:
     global _manager
     with _manager_lock:
         _manager = None
+
+
+def _keywords(factory: Any) -> dict[str, Any] | None:
+    """The keyword arguments a factory takes, with their defaults (None: no default);
+    None where they cannot be listed (it takes ``**kwargs``, or has no signature)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {
+        p.name: None if p.default is inspect.Parameter.empty else p.default
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
