@@ -36,6 +36,20 @@ _METRIC_HELP = (
     "chosen as above without]"
 )
 
+
+def _key_values(flag: str, dest: str, help: str) -> Any:
+    """A repeatable ``flag KEY=VALUE`` option parsed into the dict ``dest`` (VALUE read as
+    YAML; a pair without ``=`` is a usage error naming ``flag``)."""
+    return click.option(
+        flag,
+        dest,
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=lambda ctx, param, value: _parse_options(value, flag),
+        help=help,
+    )
+
+
 _QUANT_OPTIONS = [
     click.option("--framework", help="Adaptor to use (default: detected from the model)."),
     click.option(
@@ -85,13 +99,10 @@ _QUANT_OPTIONS = [
         help="Extra capability YAML merged into the adaptor's (e.g. int4 for an op type; "
         "repeat for several files). See docs/adding-a-data-type.md.",
     ),
-    click.option(
+    _key_values(
         "--option",
         "adaptor_options",
-        multiple=True,
-        metavar="KEY=VALUE",
-        callback=lambda ctx, param, value: _parse_options(value),
-        help="An adaptor option for every trial, e.g. --option latency_batch_size=8 "
+        "An adaptor option for every trial, e.g. --option latency_batch_size=8 "
         "(repeat; the adaptor's docs list them; VALUE is read as YAML: 8, 0.5, true, text).",
     ),
     click.option(
@@ -120,13 +131,10 @@ _FORCE = click.option(
 )
 
 
-_METRIC_OPTION = click.option(
+_METRIC_OPTION = _key_values(
     "--metric-option",
     "metric_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=lambda ctx, param, value: _parse_options(value, "--metric-option"),
-    help="An option of --metric's, e.g. --metric detection_f1 --metric-option "
+    "An option of --metric's, e.g. --metric detection_f1 --metric-option "
     "score_threshold=0.5 for a detector read at 0.5 (repeat; VALUE is read as YAML).",
 )
 
@@ -542,13 +550,10 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     help="auto, basic, conservative, mse, exhaustive, random, or a plugin's "
     "(docs/tuning.md compares them).",
 )
-@click.option(
+@_key_values(
     "--strategy-option",
     "strategy_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=lambda ctx, param, value: _parse_options(value, "--strategy-option"),
-    help="An option of the strategy, e.g. --strategy-option fallback_rate=0.3 for random "
+    "An option of the strategy, e.g. --strategy-option fallback_rate=0.3 for random "
     "(repeat; VALUE is read as YAML; the strategy's docs list its options).",
 )
 @click.option(
