@@ -54,6 +54,7 @@ class MxnetPlugin(lpq.AdaptorHooks):
     cast_lowp = lazy_job("lpq_mxnet.lowp:cast_lowp")
     inspect_tensor = lazy_job("lpq_mxnet.inspection:inspect_tensor")
     quantized_ops = lazy_job("lpq_mxnet.precision:quantized_ops")
+    resolved_config = lazy_job("lpq_mxnet.quantize:resolved_config")
     save = lazy_job("lpq_mxnet.persist:save")
     load = lazy_job("lpq_mxnet.persist:load")
 

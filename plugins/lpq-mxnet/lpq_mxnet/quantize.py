@@ -85,15 +85,15 @@ def quantize(
         reference=reference,
         planned=planned,
     )
-    if decision.keep_float:
-        # What the block now runs: quantizing with it again gives the same block.
-        fallback = OpConfig.fallback()
-        effective = tune_cfg.with_ops(
-            {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
-        ).with_options({"latency_aware": False})
-        block_info = info_of(block)
-        if block_info is not None:
-            block_info.tune_cfg = effective.to_json()
+    # What the block now runs, decided: quantizing with it again gives the same block
+    # without measuring anew (lpq_resolved_config).
+    fallback = OpConfig.fallback()
+    effective = tune_cfg.with_ops(
+        {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
+    ).with_options({"latency_aware": False})
+    block_info = info_of(block)
+    if block_info is not None:
+        block_info.tune_cfg = effective.to_json()
     setattr(block, latency.LATENCY_ATTR, decision.to_json())
     return block
 
@@ -115,3 +115,12 @@ def _quantized_ops(tune_cfg: TuneConfig) -> dict[str, OpConfig]:
 
 def _is_lowp(cfg: OpConfig) -> bool:
     return not cfg.quantized and cfg.precision != "fp32"
+
+
+def resolved_config(model: Any) -> TuneConfig | None:
+    """The ``lpq_resolved_config`` job: the tune_cfg a block lpq-mxnet built carries, the
+    configuration it really is (Concats the shared-scale rule and ops latency-aware
+    quantization kept fp32 as fallbacks, ``latency_aware`` off once decided); None for a
+    block lpq did not build."""
+    info = info_of(model)
+    return TuneConfig.from_json(info.tune_cfg) if info is not None and info.tune_cfg else None

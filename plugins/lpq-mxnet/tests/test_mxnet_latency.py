@@ -80,6 +80,48 @@ def test_an_op_type_slower_in_int8_stays_float(
     assert found["digits_conv0_fwd"] == found["digits_conv1_fwd"] == "int8"
 
 
+def test_lpq_quantize_returns_the_decided_config_and_it_makes_the_same_block(
+    pm: Any, digits_cnn: Any, calib_loader: Any, eval_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lpq.quantize``'s tune_cfg is the block's resolved config (lpq_resolved_config):
+    the dense layers the decision kept fp32 are fallbacks and latency_aware is off, so
+    quantizing with it again runs the same ops in int8 and gives the same outputs, with
+    nothing measured."""
+    import numpy as np
+
+    from lpq.eval.data import OutputRecorder
+    from lpq_mxnet import latency
+
+    def cost(found: dict[str, str]) -> float:  # int8 convolutions fast, dense layers slow
+        return 1.0 + sum(
+            (-0.3 if "conv" in name else 0.5 if "dense" in name else 0.0)
+            for name, p in found.items()
+            if p == "int8"
+        )
+
+    monkeypatch.setattr(latency, "runner_timer", scripted(pm, cost))
+    result = lpq.quantize(digits_cnn, lpq.PostTrainingQuantConfig(), calib_loader)
+    cfg = result.tune_cfg
+    assert cfg.options["latency_aware"] is False and result.requested_tune_cfg is not None
+    assert {name for (name, _), c in cfg.ops.items() if not c.quantized} >= {
+        "digits_dense0_fwd",
+        "digits_dense1_fwd",
+    }
+
+    def measured(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the resolved config measured again")
+
+    monkeypatch.setattr(latency, "runner_timer", measured)
+    again = lpq.quantize(digits_cnn, None, calib_loader, tune_cfg=cfg).model
+    assert pm.quantized_ops("mxnet", again) == pm.quantized_ops("mxnet", result.model)
+    outputs = []
+    for block in (again, result.model):
+        recorder = OutputRecorder()
+        pm.evaluate("mxnet", block, eval_loader, [recorder])
+        outputs.append(np.concatenate([np.asarray(o) for o in recorder.outputs]))
+    assert np.array_equal(outputs[0], outputs[1])
+
+
 def test_a_model_slower_in_int8_everywhere_is_float_and_said_so(
     pm: Any, digits_cnn: Any, calib_loader: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

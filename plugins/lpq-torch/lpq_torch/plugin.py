@@ -56,6 +56,7 @@ class TorchPlugin(lpq.AdaptorHooks):
     cast_lowp = lazy_job("lpq_torch.lowp:cast_lowp")
     inspect_tensor = lazy_job("lpq_torch.inspection:inspect_tensor")
     quantized_ops = lazy_job("lpq_torch.precision:quantized_ops")
+    resolved_config = lazy_job("lpq_torch.quantize:resolved_config")
     export = lazy_job("lpq_torch.export:export")
     set_tensor = lazy_job("lpq_torch.edit:set_tensor")
     quantize_input = lazy_job("lpq_torch.edit:quantize_input")

@@ -34,6 +34,9 @@ from .data import at_least_two, first_batch
 from .info import EXAMPLE_ATTR, TUNE_CFG_ATTR
 from .passes import dynamic, static, weight_only
 
+#: Set on a model trained with quantization (its tune_cfg alone does not make it again).
+_QAT_ATTR = "_lpq_qat"
+
 
 def quantize(
     model: Any,
@@ -70,11 +73,25 @@ def quantize(
             )
             if decision is not None:
                 setattr(result, latency.LATENCY_ATTR, decision.to_json())
-                if decision.keep_float:
-                    # What the model now runs: quantizing with it again gives the same model.
-                    tune_cfg = latency.without(
-                        tune_cfg, frozenset(decision.keep_float)
-                    ).with_options({"latency_aware": False})
+                # What the model now runs, decided: quantizing with it again gives the
+                # same model without measuring anew (lpq_resolved_config).
+                tune_cfg = latency.without(
+                    tune_cfg, frozenset(decision.keep_float)
+                ).with_options({"latency_aware": False})
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
+    if qat:
+        setattr(result, _QAT_ATTR, True)
     return result
+
+
+def resolved_config(model: Any) -> TuneConfig | None:
+    """The ``lpq_resolved_config`` job: the tune_cfg a model lpq-torch quantized carries,
+    the configuration it really is (ops latency-aware quantization kept fp32 as
+    fallbacks, ``latency_aware`` off once decided); None for a model lpq did not make.
+    QAT results carry the tune_cfg they were trained with, which does not retrain them:
+    None for those too."""
+    recorded = getattr(model, TUNE_CFG_ATTR, None)
+    if not isinstance(recorded, dict) or getattr(model, _QAT_ATTR, False):
+        return None
+    return TuneConfig.from_json(recorded)

@@ -111,6 +111,28 @@ def test_the_op_that_int8_makes_slower_goes_back_to_fp32(setup: Any) -> None:
     assert len(calls) == searched, "the decision is kept for the same plan and shapes"
 
 
+@pytest.mark.parametrize("costs", [{"a": 0.3, "b": 1.6, "c": 0.5}, {"a": 0.3, "b": 0.3, "c": 0.3}])
+def test_the_resolved_config_is_the_decided_model(
+    setup: Any, run_state: Any, costs: dict[str, float]
+) -> None:
+    """``lpq_resolved_config`` answers with the decided tune_cfg (latency_aware off, what
+    it kept fp32 as fallbacks), whatever it kept: quantized again with it, the same ops
+    run int8 and nothing is measured."""
+    with_costs, quantize, precisions, calls = setup
+    _, model, data = run_state
+    with_costs(costs)
+    qmodel = quantize()
+    pm = lpq.get_plugin_manager()
+    resolved = pm.resolved_config("torch", qmodel)
+    assert resolved is not None and resolved.options["latency_aware"] is False
+    searched = len(calls)
+    again = pm.quantize("torch", model, resolved, data)
+    assert len(calls) == searched, "nothing measured"
+    assert precisions(again) == precisions(qmodel)
+    x = data[0]
+    assert torch.equal(again(x), qmodel(x))
+
+
 def test_segments_move_a_neighbour_along_when_their_half_wins(setup: Any) -> None:
     """Core's segment rounds replace the old single-op step: [a, b] back in fp32 wins,
     so a goes with b (c, the other half, stays int8)."""
