@@ -60,19 +60,21 @@ def scripted(pm: Any, cost: Any) -> Any:
     return make
 
 
+def convs_fast_dense_slow(found: dict[str, str]) -> float:
+    """A scripted model time: int8 convolutions save time, int8 dense layers cost it."""
+    return 1.0 + sum(
+        (-0.3 if "conv" in name else 0.5 if "dense" in name else 0.0)
+        for name, p in found.items()
+        if p == "int8"
+    )
+
+
 def test_an_op_type_slower_in_int8_stays_float(
     pm: Any, digits_cnn: Any, calib_loader: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from lpq_mxnet import latency
 
-    def cost(found: dict[str, str]) -> float:  # int8 convolutions fast, dense layers slow
-        return 1.0 + sum(
-            (-0.3 if "conv" in name else 0.5 if "dense" in name else 0.0)
-            for name, p in found.items()
-            if p == "int8"
-        )
-
-    monkeypatch.setattr(latency, "runner_timer", scripted(pm, cost))
+    monkeypatch.setattr(latency, "runner_timer", scripted(pm, convs_fast_dense_slow))
     block = lpq.quantize(digits_cnn, lpq.PostTrainingQuantConfig(), calib_loader).model
     decision = check_matches(pm, block)
     assert decision["keep_float"] == ["digits_dense0_fwd", "digits_dense1_fwd"]
@@ -92,14 +94,7 @@ def test_lpq_quantize_returns_the_decided_config_and_it_makes_the_same_block(
     from lpq.eval.data import OutputRecorder
     from lpq_mxnet import latency
 
-    def cost(found: dict[str, str]) -> float:  # int8 convolutions fast, dense layers slow
-        return 1.0 + sum(
-            (-0.3 if "conv" in name else 0.5 if "dense" in name else 0.0)
-            for name, p in found.items()
-            if p == "int8"
-        )
-
-    monkeypatch.setattr(latency, "runner_timer", scripted(pm, cost))
+    monkeypatch.setattr(latency, "runner_timer", scripted(pm, convs_fast_dense_slow))
     result = lpq.quantize(digits_cnn, lpq.PostTrainingQuantConfig(), calib_loader)
     cfg = result.tune_cfg
     assert cfg.options["latency_aware"] is False and result.requested_tune_cfg is not None
