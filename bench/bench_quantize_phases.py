@@ -84,10 +84,12 @@ quantize_static(out + ".pre.onnx", out, Reader())
 """
 
 
-def _child(argv: list[str]) -> dict[str, Any]:
+def _child(argv: list[str], cwd: str | None = None) -> dict[str, Any]:
     """Run ``argv`` to completion: wall, CPU (user + system) and peak RSS from wait4."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     output = proc.stdout.read() if proc.stdout else ""
     return {
@@ -115,10 +117,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row.update(json.loads(trace.read_text()) if trace.exists() else {})
             rows.append({"tool": "lpq quantize --no-latency-aware", "load": load, **row})
             load = os.getloadavg()[0]
-            ort = [sys.executable, "-c", _ORT_CHILD, str(args.model), str(args.calib)]
+            model, calib = (str(Path(p).resolve()) for p in (args.model, args.calib))
+            ort = [sys.executable, "-c", _ORT_CHILD, model, calib]
             ort += [str(args.batch_size), str(Path(tmp) / "ort.onnx")]
             rows.append({"tool": "ORT quant_pre_process + quantize_static", "load": load})
-            rows[-1].update(_child(ort))
+            # In the temporary folder: ORT's shape inference leaves
+            # sym_shape_infer_temp.onnx and its external data in the working directory
+            # when it gives up (NudeNet's YOLOv8).
+            rows[-1].update(_child(ort, cwd=tmp))
     return {"model": str(args.model), "rows": rows, "cpu": _cpu_flags()}
 
 
