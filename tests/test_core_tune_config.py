@@ -93,3 +93,13 @@ def test_invalid_json_is_a_config_error(bad):
 def test_fallback_must_be_a_float_precision():
     with pytest.raises(lpq.ConfigError, match="fp32, fp16, bf16"):
         OpConfig.fallback("int8")
+
+
+def test_with_fallbacks_makes_the_named_ops_fp32_and_leaves_the_rest():
+    cfg = sample()
+    fallen = cfg.with_fallbacks(["conv1", "add", "not-an-op"])
+    assert fallen.ops[("conv1", "Conv")] == OpConfig.fallback()
+    assert fallen.ops[("add", "Add")] == OpConfig.fallback()  # bf16 -> fp32
+    assert fallen.ops[("fc", "MatMul")] == cfg.ops[("fc", "MatMul")]
+    assert set(fallen.ops) == set(cfg.ops) and fallen.options == cfg.options
+    assert cfg.ops[("conv1", "Conv")].quantized  # the original is left untouched

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -141,6 +141,13 @@ class TuneConfig:
         ops = dict(self.ops)
         ops.update(changes)
         return replace(self, ops=ops, options=dict(self.options))
+
+    def with_fallbacks(self, names: Iterable[str]) -> TuneConfig:
+        """A copy with the ops named ``names`` (every op type of each) as fp32 fallbacks:
+        what an adaptor records for the ops its rules or measurements kept in float."""
+        wanted = set(names)
+        fallback = OpConfig.fallback()
+        return self.with_ops({key: fallback for key in self.ops if key[0] in wanted})
 
     def with_options(self, changes: Mapping[str, Any]) -> TuneConfig:
         """A copy with some global ``options`` changed."""

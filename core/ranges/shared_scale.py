@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigError
-from ..plan.tune_config import OpConfig, TuneConfig
+from ..plan.tune_config import TuneConfig
 
 #: An 8-bit op whose inputs' ranges spread more than this (widest / narrowest) stays fp32
 #: (adaptors apply the rule to int8 / uint8 ops only: 16 bits keep 4096 levels at 16x).
@@ -129,6 +129,4 @@ def keep_float(tune_cfg: TuneConfig, found: Sequence[KeptFloat], log: logging.Lo
     configuration the model really is."""
     for kept in found:
         log.info("kept fp32: %s", kept.describe())
-    names = {name for kept in found for name in kept.ops}
-    fallback = OpConfig.fallback()
-    return tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
+    return tune_cfg.with_fallbacks(name for kept in found for name in kept.ops)

@@ -87,10 +87,7 @@ def quantize(
     )
     # What the block now runs, decided: quantizing with it again gives the same block
     # without measuring anew (lpq_resolved_config).
-    fallback = OpConfig.fallback()
-    effective = tune_cfg.with_ops(
-        {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
-    ).with_options({"latency_aware": False})
+    effective = tune_cfg.with_fallbacks(decision.keep_float).with_options({"latency_aware": False})
     block_info = info_of(block)
     if block_info is not None:
         block_info.tune_cfg = effective.to_json()

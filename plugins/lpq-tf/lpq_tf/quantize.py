@@ -102,14 +102,14 @@ def quantize(
         by_tensor = {by_name[name][1]: cfg for name, cfg in chosen.items()}
         return quantize_with_aeq(prepared, by_tensor, samples, io_dtype), route
 
-    content, route = convert(configs)
-    missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
-    for _ in range(MAX_NO_KERNEL):
+    for attempt in range(MAX_NO_KERNEL + 1):
+        content, route = convert(configs)
+        missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
         # An op LiteRT has no kernel for as quantized (MediaPipe's pose detector: a conv
         # whose int8 weights ai-edge-quantizer gave a zero point) stays fp32, as a user
         # would keep it; each such op costs one more conversion.
         cfg = configs.get(missing.name) if missing is not None and missing.name else None
-        if missing is None or cfg is None or not cfg.quantized:
+        if missing is None or cfg is None or not cfg.quantized or attempt == MAX_NO_KERNEL:
             break
         log.info(
             "kept fp32: %s (%s): LiteRT has no kernel for it as quantized (%s)",
@@ -117,12 +117,8 @@ def quantize(
             missing.op_type,
             missing.reason,
         )
-        tune_cfg = tune_cfg.with_ops(
-            {key: OpConfig.fallback() for key in tune_cfg.ops if key[0] == missing.name}
-        )
+        tune_cfg = tune_cfg.with_fallbacks([missing.name])
         configs = _all_op_configs(prepared, tune_cfg)
-        content, route = convert(configs)
-        missing = no_kernel(QuantizedModel(content, tune_cfg, prepared.ops(), route))
     if missing is not None:
         raise _no_kernel_error(missing)
     loaded = content  # LiteRT has loaded this one
@@ -139,10 +135,9 @@ def quantize(
         )
         # What the model now runs, decided: quantizing with it again gives the same model
         # without measuring anew (lpq_resolved_config).
-        fallback = OpConfig.fallback()
-        tune_cfg = tune_cfg.with_ops(
-            {key: fallback for key in tune_cfg.ops if key[0] in decision.keep_float}
-        ).with_options({"latency_aware": False})
+        tune_cfg = tune_cfg.with_fallbacks(decision.keep_float).with_options(
+            {"latency_aware": False}
+        )
         if decision.keep_float:
             configs = _all_op_configs(prepared, tune_cfg)
             route = choose_route(prepared, configs)

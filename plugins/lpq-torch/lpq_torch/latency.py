@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import lpq
-from lpq import OpConfig, TuneConfig, content_key
+from lpq import TuneConfig, content_key
 from lpq.latency import (
     DEFAULT_MARGIN,
     Decision,
@@ -65,12 +65,6 @@ LATENCY_ATTR = "_lpq_latency"
 def wanted(tune_cfg: TuneConfig) -> bool:
     """The ``latency_aware`` option (:func:`lpq.latency.enabled`)."""
     return enabled(tune_cfg.options)
-
-
-def without(tune_cfg: TuneConfig, names: frozenset[str]) -> TuneConfig:
-    """``tune_cfg`` with the ops ``names`` in fp32."""
-    fallback = OpConfig.fallback()
-    return tune_cfg.with_ops({key: fallback for key in tune_cfg.ops if key[0] in names})
 
 
 class TorchBackend:
@@ -167,7 +161,7 @@ def choose(
 
     def result(keep_float: frozenset[str]) -> torch.nn.Module:
         """What is returned: lpq's own graph (the user's model is never modified)."""
-        return build(without(tune_cfg, keep_float)) if keep_float else planned
+        return build(tune_cfg.with_fallbacks(keep_float)) if keep_float else planned
 
     margin = float(tune_cfg.options.get("latency_margin", DEFAULT_MARGIN))
     shapes = [args] if batch_size(args) <= 1 else [args, first_sample(args)]

@@ -75,9 +75,9 @@ def quantize(
                 setattr(result, latency.LATENCY_ATTR, decision.to_json())
                 # What the model now runs, decided: quantizing with it again gives the
                 # same model without measuring anew (lpq_resolved_config).
-                tune_cfg = latency.without(
-                    tune_cfg, frozenset(decision.keep_float)
-                ).with_options({"latency_aware": False})
+                tune_cfg = tune_cfg.with_fallbacks(decision.keep_float).with_options(
+                    {"latency_aware": False}
+                )
     setattr(result, EXAMPLE_ATTR, at_least_two(args))
     setattr(result, TUNE_CFG_ATTR, tune_cfg.to_json())
     if qat:

@@ -234,8 +234,7 @@ def _float_part(
     else:
         log.warning("%s: quantizing its %d float op(s) beside it", what, len(static_ops))
     kept = {name: cfg for name, cfg in static_ops.items() if name not in blocked}
-    fallen = {key: OpConfig.fallback() for key in tune_cfg.ops if key[0] in blocked}
-    return kept, tune_cfg.with_ops(fallen)
+    return kept, tune_cfg.with_fallbacks(blocked)
 
 
 def _check_built(model: onnx.ModelProto, source: str, already: dict[str, int]) -> None:
