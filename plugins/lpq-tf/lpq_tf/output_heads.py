@@ -108,7 +108,9 @@ def output_heads(
             found.add(op.index)
             if op.op_type in MOVING_OPS:
                 waiting += [
-                    producers[t] for t in op.inputs if t in producers and graph.constant(t) is None
+                    producers[t]
+                    for t in op.inputs
+                    if t in producers and graph.tensors[t].buffer is None  # activations
                 ]
         claimed |= found
         names = tuple(

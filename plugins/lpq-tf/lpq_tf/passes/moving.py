@@ -31,7 +31,7 @@ def following_float(prepared: Prepared, by_tensor: Mapping[str, OpConfig]) -> li
         if name in by_tensor:
             is_float[op.index] = not by_tensor[name].quantized
             continue
-        inputs = [t for t in op.inputs if t >= 0 and graph.constant(t) is None]
+        inputs = [t for t in op.inputs if t >= 0 and graph.tensors[t].buffer is None]
         sources = [producers.get(t) for t in inputs]
         follows = bool(sources) and all(
             source is not None and is_float.get(source.index, False) for source in sources
