@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "real_models"))
 os.environ["LPQ_TF_THREADS"] = "1"
+
+from bench_quantize_cost import fidelity_of, timed  # noqa: E402  (bench/, just put on the path)
 
 #: name -> (input side, input range)
 MODELS = {
@@ -98,30 +98,6 @@ def pictures(side: int, low: float, high: float, count: int, seed: int) -> np.nd
     return (resized.astype(np.float32) / 255.0 * (high - low) + low).astype(np.float32)
 
 
-def timed(command: list[str], log: Path, cache: Path) -> dict[str, Any]:
-    """Run ``command`` under ``/usr/bin/time -v`` with ``cache`` as an empty lpq cache
-    (the first quantization of the model on this machine): exit status, CPU s, peak MB."""
-    with log.open("w") as out:
-        code = subprocess.run(
-            ["/usr/bin/time", "-v", *command],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "LPQ_CACHE_DIR": str(cache)},
-        ).returncode
-    text = log.read_text()
-
-    def field(name: str) -> float:
-        found = re.search(rf"{name}: ([\d.]+)", text)
-        return float(found.group(1)) if found else float("nan")
-
-    return {
-        "rc": code,
-        "cpu_s": round(field("User time \\(seconds\\)") + field("System time \\(seconds\\)"), 2),
-        "peak_mb": round(field("Maximum resident set size \\(kbytes\\)") / 1024, 1),
-        "log": str(log),
-    }
-
-
 def quantize(
     variant: str, model: Path, prepared: Path, calib: Path, test: Path, out: Path
 ) -> dict[str, Any]:
@@ -135,7 +111,8 @@ def quantize(
         command += ["--out", str(out)]
         if variant == "lpq-heads-int8":
             command += ["--option", "float_output_ops=false"]
-    return timed(command, log, out.with_suffix(".cache"))
+    # from an empty lpq cache: the first quantization of the model on this machine
+    return timed(command, {**os.environ, "LPQ_CACHE_DIR": str(out.with_suffix(".cache"))}, log)
 
 
 def scores(content: bytes, data: np.ndarray) -> np.ndarray:
@@ -213,11 +190,6 @@ def speeds(model: Path, written: dict[str, Path], sample: np.ndarray) -> dict[st
     }
 
 
-def fidelity_printed(log: str) -> str | None:
-    found = re.search(r"^fidelity ([\d.]+)", Path(log).read_text(), re.M)
-    return found.group(1) if found else None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -262,7 +234,7 @@ def main() -> None:
                     written[variant] = out
                     row["anchor_f1"] = anchor_f1(reference, scores(out.read_bytes(), held_out))
                     row["size_mb"] = round(out.stat().st_size / 1e6, 2)
-                    row["lpq_fidelity"] = fidelity_printed(row["log"])
+                    row["lpq_fidelity"] = fidelity_of(row["log"])
                 rows.append(row)
                 print(f"  {name} {variant}: rc {row['rc']}, {row['cpu_s']} CPU s", flush=True)
             for variant, speed in speeds(model, written, held_out[0]).items():
@@ -284,7 +256,7 @@ def main() -> None:
         print(
             f"| {r['model']} | {r['variant']} | {r['int8_ops']}/{r['ops']} | {f1} | "
             f"{r.get('speedup', '-')} | "
-            f"{r['cpu_s']} | {r['peak_mb']} |"
+            f"{r['cpu_s']} | {r['peak_rss_mb']} |"
         )
     lpq.write_json(
         args.out,
