@@ -472,6 +472,30 @@ def test_a_change_that_buys_no_speed_needs_a_real_fidelity_gain(gain: float, kep
     assert step.kept is kept and (decision.keep_float == ["a1"]) is kept
 
 
+@pytest.mark.parametrize("noise", [0.0, 0.02, 0.05])
+def test_a_fidelity_tie_is_decided_on_the_ratio_whatever_the_noise(noise: float) -> None:
+    """An Add 1.25% slower in float that cuts the output error by 30% is kept at every
+    load: the tie rule reads the ratio, not its bound (at the bound, x1.0125 plus a noise
+    of 2% or more crossed the 3% edge, and the plan followed the load of the moment).
+    One 6% slower is rejected at every load."""
+    for float_ms, kept in ((0.52, True), (0.6, False)):
+        ops = [("c1", "Conv"), ("c2", "Conv"), ("a1", "Add")]
+        backend = ModeBackend(
+            ops,
+            float_ms={"c1": 1.0, "c2": 1.0, "a1": float_ms},
+            quant_ms={"qdq": {"c1": 0.5, "c2": 0.5, "a1": 0.5}},
+            quant_error={"c1": 0.07, "c2": 0.0, "a1": 0.03},
+            noise=noise,
+        )
+        backend.rules = replace(backend.rules, fidelity_max_ops=0)
+        decision = decide(backend)
+        step = next(s for s in decision.steps if s.change == "qdq: Add (1 ops) -> float")
+        assert step.ratio is not None and 1.0 < step.ratio < 1.07
+        assert step.error_after is not None and step.error_before is not None
+        assert 0.5 < step.error_after / step.error_before < 0.9
+        assert step.kept is kept and (decision.keep_float == ["a1"]) is kept
+
+
 def test_the_op_table_keeps_a_type_quantized_without_timing_it() -> None:
     from lpq.latency import Verdict
 

@@ -51,8 +51,9 @@ tie rules of :meth:`lpq.latency.judging.Judge.better` add: a change that only ga
 fidelity is kept when about as fast (``tie``) and less wrong by ``fidelity_noise``, or a
 little slower (``Rules.tie``) and half as wrong; a faster change that is
 ``fidelity_slack`` less faithful needs a clear win (``Rules.tie``). On a loaded machine
-the noise grows and fewer changes are made: the same model quantized twice gets the same
-plan. Every comparison is recorded (:class:`Step`) with its times, so reports can show
+the noise grows and fewer changes are kept for speed; the tie rules read the ratio
+itself, so that load widens their spread without moving their edge (a change that only
+gains fidelity has no safe side to lean to). Every comparison is recorded (:class:`Step`) with its times, so reports can show
 what was measured.
 
 A backend without the optional methods (lpq-tf, lpq-mxnet, lpq-torch) runs steps 1, 4,

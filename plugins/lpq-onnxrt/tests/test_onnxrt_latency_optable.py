@@ -401,3 +401,17 @@ def test_the_gain_bound_is_at_least_the_int8_cost_the_profiler_blames(digits):
     every = profiler.gain_bound(names, model, frozenset())
     assert max(bounds.values()) <= every <= 1.0 + 1e-9
     assert profiler.profiles == 1
+
+
+def test_the_profiler_blames_an_op_only_beyond_its_clock_ticks():
+    """ORT's profiler counts whole microseconds: an op 2 us over int8/fp32 1.1 (7 -> 9
+    us, x1.29) is not blamed; one 4.6 us over (4 -> 9 us) is; so is a large op 10% slower
+    by more than the floor, and not one within the 10%."""
+    fp32, _, _ = _chain_profile()
+    profiler = blame.Profiler({}, {}, fp32, ["c1", "s1", "c2"])
+    model = onnx.ModelProto()
+    costs = {"c1": (0.004, 0.009), "s1": (0.007, 0.009), "c2": (0.100, 0.115)}
+    profiler._last = (model, costs)
+    assert profiler(model, frozenset()) == ["c1", "c2"]
+    profiler._last = (model, {**costs, "c2": (0.100, 0.109)})
+    assert profiler(model, frozenset()) == ["c1"]
