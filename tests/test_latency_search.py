@@ -812,6 +812,29 @@ def test_blame_rounds_stop_at_a_round_that_loses() -> None:
     assert backend.blamed_calls == 1 and decision.keep_float == []  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("c1_after", "rounds"), [(1.5, 2), (1.53, 2), (1.56, 1)])
+def test_a_blame_round_measured_slower_ends_the_rounds(c1_after: float, rounds: int) -> None:
+    """As above, but c1 loses a little more than f1 saves: x1.000 and x1.010 (within
+    ``Rules.blame_slower``) are built on; x1.019 is slower, and no second profile is
+    taken (ddddocr rec: QOperator rounds at x1.024-1.029 were three profiles for
+    nothing)."""
+
+    def costs(keep: frozenset[str], split: bool = False) -> Any:
+        each = {n: (1.0, 0.5) for n in ("c1", "c2", "f1", "f2")}
+        c1 = 0.9 if "f1" not in keep else c1_after
+        each |= {"c2": (1.0, 0.05), "f1": (1.0, 1.6), "c1": (1.0, c1)}
+        if split:
+            return each
+        return {n: each[n][0] if n in keep else each[n][1] for n in each}
+
+    backend = _blamed(costs)
+    decision = decide(backend)
+    first = next(s for s in decision.steps if "blames" in s.change)
+    assert first.ratio == pytest.approx((c1_after + 1.65) / 3.15, abs=1e-3)
+    assert backend.blamed_calls == rounds  # type: ignore[attr-defined]
+    assert decision.keep_float == (["c1", "f1"] if rounds == 2 else [])
+
+
 def test_the_fidelity_step_moves_ops_that_cost_error_for_little_speed() -> None:
     """Small model: a1 alone in float cuts the output error by far and costs nothing: it
     goes to float (no alternative for it)."""

@@ -29,6 +29,9 @@ class Rules:
     clear_win: float | None = CLEAR_WIN
     #: at most this many blame rounds (or segment rounds)
     blame_rounds: int = BLAME_ROUNDS
+    #: a blame round measured this share slower than the plan it must beat ends the
+    #: rounds; a wash (within it) is built on
+    blame_slower: float = 0.01
     #: without a profiler: contiguous segments of the ops still quantized (step 5)
     segments: bool = True
     #: fp32 must beat the result by this in step 8 (None: by the margin)
