@@ -270,9 +270,9 @@ def test_adaptor_options_reach_every_trial_and_fix_a_recipe(lpq_plugin, tmp_path
 
 
 def test_cli_option_values_are_read_as_yaml():
-    from lpq.cli.tuning import _parse_options
+    from lpq.cli.options import parse_options
 
-    parsed = _parse_options(("batch=8", "alpha=0.5", "on=true", "name=minmax", "empty="))
+    parsed = parse_options(("batch=8", "alpha=0.5", "on=true", "name=minmax", "empty="))
     assert parsed == {"batch": 8, "alpha": 0.5, "on": True, "name": "minmax", "empty": ""}
 
 

@@ -159,3 +159,50 @@ def test_tiny_yolo_quantized_end_to_end_scored_by_detection_f1(tmp_path: Path):
         shifted[:, 0] += 1000.0  # every box moves off the image, away from every fp32 box
         moved.update(shifted, ref)
     assert moved.result() == 0.0 and moved.reference_detections >= 40
+
+
+def test_diagnose_scores_every_fallback_with_the_detection_metric(tmp_path: Path, capsys):
+    """`lpq diagnose` uses the gate's task metric: detection F1 against the fp32
+    detections, for the quantized model and for each op fallen back (not only the
+    relative error of the raw head); a named metric with an option is used as named."""
+    from lpq.cli import main
+    from lpq.diagnose import diagnose
+
+    path = tiny_yolo(tmp_path / "tiny_yolo.onnx")
+    calib, held_out = images(16, seed=1), images(24, seed=2)
+    data = ArrayLoader(held_out, batch_size=1)
+    config = lpq.PostTrainingQuantConfig(approach="static", latency_aware=False)
+    result = diagnose(str(path), data, calib=ArrayLoader(calib, batch_size=1), config=config,
+                      worst=2)  # fmt: skip
+    assert result.metric == "detection_f1" and "YOLOv8-style head" in result.metric_reason
+    assert result.fidelity is not None and 0.0 <= result.fidelity <= 1.0
+    fallen = [op for op in result.ops if op.fallback is not None]
+    assert len(fallen) == 2
+    assert all(op.fallback is not None and op.fallback.fidelity is not None for op in fallen)
+
+    # The same number the gate's metric gives through the adaptor's evaluate.
+    pm = lpq.get_plugin_manager()
+    recorder = OutputRecorder()
+    pm.evaluate("onnxrt", str(path), data, [recorder])
+    quantized = lpq.quantize(str(path), config, ArrayLoader(calib, batch_size=1))
+    f1 = DetectionF1()
+    pm.evaluate("onnxrt", quantized.model, ReferenceLoader(data, recorder.outputs), [f1])
+    assert result.fidelity == pytest.approx(f1.result())
+
+    strict = diagnose(str(path), data, calib=ArrayLoader(calib, batch_size=1), config=config,
+                      worst=0, metric="detection_f1",
+                      metric_options={"score_threshold": 0.9})  # fmt: skip
+    assert strict.metric_reason == "named (score_threshold=0.9)"
+    f1_strict = DetectionF1(score_threshold=0.9)
+    pm.evaluate("onnxrt", quantized.model, ReferenceLoader(data, recorder.outputs), [f1_strict])
+    assert f1_strict.reference_detections < f1.reference_detections  # the option took effect
+    assert strict.fidelity == pytest.approx(f1_strict.result())
+
+    # A wrong option is a clear error before any work (nothing quantized, no report).
+    npz = tmp_path / "images.npz"
+    np.savez(npz, image=held_out)
+    out = tmp_path / "report"
+    code = main(["diagnose", str(path), "--data", str(npz), "--batch-size", "1", "--metric",
+                 "detection_f1", "--metric-option", "treshold=0.5", "--out", str(out)])  # fmt: skip
+    said = capsys.readouterr()
+    assert code == 2 and "treshold" in said.err + said.out and not out.exists()

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
+from .options import FIDELITY_METRIC, METRIC_OPTION, metric_with_options
 
 
 @click.command("diagnose")
@@ -53,6 +54,8 @@ from ..errors import ConfigError
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Batch size."
 )
+@FIDELITY_METRIC
+@METRIC_OPTION
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -70,14 +73,17 @@ def diagnose_command(
     worst: int,
     batches: int | None,
     batch_size: int,
+    metric: str | None,
+    metric_options: dict[str, Any],
     out: str | None,
 ) -> None:
     """Rank MODEL's ops by quantization error and measure what falling back each is worth.
 
     Compares every quantizable op's output in the fp32 and the quantized model on --data
     (with its type, the precision it runs in and its scheme), then puts each of the
-    --worst quantized ops back in fp32 alone and measures the model output again. Writes
-    an HTML report with charts and the same numbers as JSON.
+    --worst quantized ops back in fp32 alone and measures the model output again, with
+    the same task metric as `lpq quantize`'s fidelity check (chosen from the outputs, or
+    --metric). Writes an HTML report with charts and the same numbers as JSON.
     """
     from ..diagnose import diagnose, tuned_run, write_report
     from ..eval.data import load_npz
@@ -85,6 +91,10 @@ def diagnose_command(
     from .console import make_console, print_table, table
 
     pm = get_plugin_manager()
+    if metric is not None:  # a wrong name or option fails before any work
+        metric_with_options(pm, metric, metric_options) or pm.create_metric(metric)
+    elif metric_options:
+        metric_with_options(pm, metric, metric_options)
     tune_cfg = None
     source = ""
     folder = Path(out) if out else Path("lpq-diagnosis")
@@ -122,14 +132,30 @@ def diagnose_command(
         batches=batches,
         config_source=source,
         quantized_label=quantized or "",
+        metric=metric,
+        metric_options=metric_options,
     )
     agreement = f", top-1 agreement {result.agreement:.4f}" if result.agreement is not None else ""
     console.print(f"model output: relative error {result.output_error:.4g}{agreement}")
+    if result.fidelity is not None:
+        console.print(
+            f"fidelity {result.fidelity:.4f} ({result.metric} against fp32: {result.metric_reason})"
+        )
+    if_fp32 = f"if fp32: {result.metric}"
     shown = table(
         "ops by the error they add (worst first); 'removes': share of the output error "
-        "that falling the op back to fp32 removes",
-        ["#", "op", "type", "runs in", "error added", "relative error", "if fp32: removes"],
-        right=("#", "error added", "relative error", "if fp32: removes"),
+        f"that falling the op back to fp32 removes; '{if_fp32}': the model's fidelity then",
+        [
+            "#",
+            "op",
+            "type",
+            "runs in",
+            "error added",
+            "relative error",
+            "if fp32: removes",
+            if_fp32,
+        ],
+        right=("#", "error added", "relative error", "if fp32: removes", if_fp32),
     )
     for rank, op in enumerate(result.ops[: max(worst, 10)], start=1):
         shown.add_row(
@@ -140,9 +166,14 @@ def diagnose_command(
             f"{op.added_error:.4g}",
             f"{op.relative_error:.4g}",
             f"{op.fallback.gain * 100:.0f}%" if op.fallback else "",
+            _value(op.fallback.fidelity) if op.fallback else "",
         )
     print_table(console, shown)
     for note in result.notes:
         console.print(f"note: {note}")
     html, json_path = write_report(result, folder, worst)
     console.print(f"report: {html}; data: {json_path}")
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

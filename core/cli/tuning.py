@@ -8,7 +8,6 @@ and says which it chose.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
+from .options import FIDELITY_METRIC, METRIC_OPTION, key_values, metric_with_options
 
 _CALIB_HELP = (
     "Calibration data (.npz, one array per model input). Required for the static and auto "
@@ -35,19 +35,6 @@ _METRIC_HELP = (
     "mse. Plugins may register more (`lpq plugins list -v`). [default: top1 with labels, "
     "chosen as above without]"
 )
-
-
-def _key_values(flag: str, dest: str, help: str) -> Any:
-    """A repeatable ``flag KEY=VALUE`` option parsed into the dict ``dest`` (VALUE read as
-    YAML; a pair without ``=`` is a usage error naming ``flag``)."""
-    return click.option(
-        flag,
-        dest,
-        multiple=True,
-        metavar="KEY=VALUE",
-        callback=lambda ctx, param, value: _parse_options(value, flag),
-        help=help,
-    )
 
 
 _QUANT_OPTIONS = [
@@ -99,7 +86,7 @@ _QUANT_OPTIONS = [
         help="Extra capability YAML merged into the adaptor's (e.g. int4 for an op type; "
         "repeat for several files). See docs/adding-a-data-type.md.",
     ),
-    _key_values(
+    key_values(
         "--option",
         "adaptor_options",
         "An adaptor option for every trial, e.g. --option latency_batch_size=8 "
@@ -129,49 +116,6 @@ _FORCE = click.option(
     help="Write --out even where it is a file this run reads (the model or its data), "
     "overwriting it.",
 )
-
-
-_METRIC_OPTION = _key_values(
-    "--metric-option",
-    "metric_options",
-    "An option of --metric's, e.g. --metric detection_f1 --metric-option "
-    "score_threshold=0.5 for a detector read at 0.5 (repeat; VALUE is read as YAML).",
-)
-
-
-def _metric_with_options(pm: Any, metric: str | None, options: dict[str, Any]) -> Any:
-    """The metric ``--metric`` names, made with its ``--metric-option`` values, or None
-    without options; checked before any work (a wrong option is a ConfigError listing
-    those it takes). Its name carries the options, so a tuning run keyed by it is not
-    resumed from a run scored another way."""
-    if not options:
-        return None
-    if metric is None:
-        raise click.UsageError(
-            "--metric-option needs --metric: name the metric whose options these are "
-            "(e.g. --metric detection_f1 --metric-option score_threshold=0.5)"
-        )
-    scorer = pm.create_metric(metric, **options)
-    shown = ",".join(f"{key}={value}" for key, value in options.items())
-    with contextlib.suppress(AttributeError):  # a metric whose name is read-only keeps it
-        scorer.name = f"{scorer.name}[{shown}]"
-    return scorer
-
-
-def _parse_options(pairs: tuple[str, ...], flag: str = "--option") -> dict[str, Any]:
-    """``("latency_batch_size=8", ...)`` -> ``{"latency_batch_size": 8}``."""
-    import yaml
-
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=flag)
-        try:
-            options[key.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            options[key.strip()] = text
-    return options
 
 
 def _with_options(options: list[Any]) -> Any:
@@ -296,13 +240,8 @@ def _default_out(framework: str, model: str) -> Path:
     help="Held-out data (.npz) for the fidelity check. Without it, the last fifth of --calib "
     "is held out (and not calibrated on).",
 )
-@click.option(
-    "--metric",
-    help="Fidelity metric against the fp32 model's outputs (detection_f1, ctc_exact, "
-    "top1_agreement, cosine, ...; `lpq plugins list -v` lists them). Default: chosen from "
-    "the model's outputs, and said which.",
-)
-@_METRIC_OPTION
+@FIDELITY_METRIC
+@METRIC_OPTION
 @click.option(
     "--min-fidelity",
     type=click.FloatRange(min=0),
@@ -356,7 +295,7 @@ def quantize_command(
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework
     check_names(pm, backend=kw.get("backend"), metric=metric)
-    _metric_with_options(pm, metric, metric_options)  # a wrong option fails here
+    metric_with_options(pm, metric, metric_options)  # a wrong option fails here
     check_data_paths(calib, eval_data)
     check_calib(kw["approach"], calib)
     check_options(pm, framework, kw.get("adaptor_options") or {}, kw.get("backend"))
@@ -533,7 +472,7 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     "'labels' array or, without one, against the fp32 model's outputs.",
 )
 @click.option("--metric", help=_METRIC_HELP)
-@_METRIC_OPTION
+@METRIC_OPTION
 @click.option(
     "--tolerable-loss",
     type=float,
@@ -550,7 +489,7 @@ def _print_fidelity(console: Any, fidelity: Any, model: str, written: Path) -> N
     help="auto, basic, conservative, mse, exhaustive, random, or a plugin's "
     "(docs/tuning.md compares them).",
 )
-@_key_values(
+@key_values(
     "--strategy-option",
     "strategy_options",
     "An option of the strategy, e.g. --strategy-option fallback_rate=0.3 for random "
@@ -701,7 +640,7 @@ def tune_command(
     model = _model_arg(model)
     executor = "ray" if ray_address else executor
     check_names(pm, strategy=strategy, metric=metric, backend=kw.get("backend"), executor=executor)
-    scorer = _metric_with_options(pm, metric, metric_options)
+    scorer = metric_with_options(pm, metric, metric_options)
     pm.create_strategy(strategy, **strategy_options)  # its options are checked now, not later
     framework = kw.get("framework") or pm.detect_framework(model)
     kw["framework"] = framework

@@ -7,11 +7,18 @@ model (``lpq_quantized_ops``) where the adaptor can say. Then the worst quantize
 fallen back one at a time (``lpq_quantize`` with that op in fp32) and the model outputs
 measured again (``lpq_evaluate``): the ranking says where error appears, the fallback
 says which op is worth giving up.
+
+Each model is also scored with the task metric ``lpq quantize``'s fidelity gate uses
+(detection F1, CTC string agreement, top-1 agreement, ...: chosen from the fp32 outputs,
+or named), so a fallback is judged by what the model's user sees, not only by the
+relative error of its first output (a detector's boxes tensor can read 1% error while a
+third of its detections are gone).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +45,8 @@ class FallbackEffect:
     agreement: float | None
     #: Share of the quantized model's output error this fallback removes (1: all of it).
     gain: float
+    #: The task metric (:attr:`Diagnosis.metric`) against fp32 with this op in fp32.
+    fidelity: float | None = None
 
 
 @dataclass
@@ -76,6 +85,11 @@ class Diagnosis:
     agreement: float | None
     ops: list[OpReport]
     notes: list[str] = field(default_factory=list)
+    #: The task metric every model is scored with against fp32 (higher is better), why it
+    #: was chosen, and the quantized model's value.
+    metric: str | None = None
+    metric_reason: str = ""
+    fidelity: float | None = None
     #: fp32 and quantized activation values of the worst ops (for histograms; not JSON).
     values: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -142,31 +156,53 @@ def _compare(fp32: list[np.ndarray], quantized: list[np.ndarray]) -> tuple[float
 
 
 class _Outputs:
-    """Model outputs over the diagnosis data, compared with the fp32 model's."""
+    """Model outputs over the diagnosis data, compared with the fp32 model's: relative
+    error of the first output, top-1 agreement (class scores), and the task metric."""
 
-    def __init__(self, pm: PluginManager, framework: str, data: Any, batches: int | None):
+    def __init__(
+        self,
+        pm: PluginManager,
+        framework: str,
+        data: Any,
+        batches: int | None,
+        model: Any,
+        metric: str | None = None,
+        metric_options: Mapping[str, Any] | None = None,
+    ):
         self.pm, self.framework, self.data, self.batches = pm, framework, data, batches
-        self.reference: list[Any] = []
-        #: the fp32 model's output names, where its adaptor gives them (metric choice)
-        self.names: list[str] | None = None
+        #: the fp32 model's outputs, and their names where its adaptor gives them
+        self.reference: list[Any] = self.of(model)
+        self.names: list[str] | None = pm.output_names(framework, model)
+        if metric is None:
+            self.metric, self.reason = label_free_metric(self.reference[0], names=self.names)
+        else:
+            shown = ", ".join(f"{k}={v}" for k, v in (metric_options or {}).items())
+            self.metric, self.reason = metric, "named" + (f" ({shown})" if shown else "")
+        self.metric_options = dict(metric_options or {})
+        pm.create_metric(self.metric, **self.metric_options)  # a wrong name fails now
 
     def of(self, model: Any) -> list[Any]:
         recorder = OutputRecorder()
         self.pm.evaluate(self.framework, model, self.data, [recorder], iteration=self.batches)
         return recorder.outputs
 
-    def error(self, model: Any) -> tuple[float, float | None]:
-        """(relative output error, top-1 agreement or None) against the reference."""
+    def error(self, model: Any) -> tuple[float, float | None, float]:
+        """(relative output error, top-1 agreement or None, the task metric) against the
+        reference."""
         got = self.of(model)
         f = np.concatenate([_first(r).astype(np.float64).reshape(-1) for r in self.reference])
         q = np.concatenate([_first(o).astype(np.float64).reshape(-1) for o in got])
         error = _rms(q - f) / max(_rms(f), 1e-12)
+        scorer = self.pm.create_metric(self.metric, **self.metric_options)
+        for output, reference in zip(got, self.reference):
+            scorer.update(output, reference)
+        fidelity = float(scorer.result())
         if label_free_metric(self.reference[0], names=self.names)[0] != "agreement":
-            return error, None
+            return error, None, fidelity
         agreement = Agreement()
         for output, reference in zip(got, self.reference):
             agreement.update(output, reference)
-        return error, agreement.result()
+        return error, agreement.result(), fidelity
 
 
 def _config_from_model(capability: FrameworkCapability, precisions: dict[str, str]) -> TuneConfig:
@@ -195,6 +231,8 @@ def diagnose(
     batches: int | None = None,
     config_source: str = "",
     quantized_label: str = "",
+    metric: str | None = None,
+    metric_options: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
     """Diagnose the quantization of ``model`` on ``data``.
 
@@ -211,6 +249,9 @@ def diagnose(
     :param batches: batches of ``data`` to run (``None``: all).
     :param config_source: where ``tune_cfg`` came from, and ``quantized_label`` what the
         quantized model is (a path), for the report.
+    :param metric: the task metric every model is scored with against fp32 (a registered
+        metric, made with ``metric_options``); default: chosen from the fp32 outputs as
+        ``lpq quantize``'s fidelity gate chooses it.
     """
     pm = get_plugin_manager()
     framework = framework or pm.detect_framework(model)
@@ -248,10 +289,8 @@ def diagnose(
             quantized = pm.quantize(framework, model, tune_cfg, calib)
         base = quantized
 
-    outputs = _Outputs(pm, framework, data, batches)
-    outputs.reference = outputs.of(model)
-    outputs.names = pm.output_names(framework, model)
-    output_error, agreement = outputs.error(quantized)
+    outputs = _Outputs(pm, framework, data, batches, model, metric, metric_options)
+    output_error, agreement, fidelity = outputs.error(quantized)
 
     ops = _op_reports(pm, framework, model, quantized, data, capability, tune_cfg, batches)
     values = _worst_values(pm, framework, model, quantized, data, ops[:worst])
@@ -264,9 +303,9 @@ def diagnose(
     for report in [op for op in ops if op.quantized][:worst]:
         key = (report.name, report.op_type)
         fallen = pm.quantize(framework, model, tune_cfg.with_ops({key: OpConfig.fallback()}), calib)
-        error, agreed = outputs.error(fallen)
+        error, agreed, fallen_fidelity = outputs.error(fallen)
         gain = (base_error - error) / base_error if base_error > 0 else 0.0
-        report.fallback = FallbackEffect(error, agreed, gain)
+        report.fallback = FallbackEffect(error, agreed, gain, fallen_fidelity)
 
     return Diagnosis(
         framework=framework,
@@ -279,6 +318,9 @@ def diagnose(
         ops=ops,
         notes=notes,
         values=values,
+        metric=outputs.metric,
+        metric_reason=outputs.reason,
+        fidelity=fidelity,
     )
 
 

@@ -45,6 +45,7 @@ def _row(rank: int, op: OpReport) -> str:
         f"{_num(op.fp32_range[0])} .. {_num(op.fp32_range[1])}",
         _num(fallback.output_error) if fallback else "",
         f"{fallback.gain * 100:.0f}%" if fallback else "",
+        _num(fallback.fidelity) if fallback else "",
     ]
     return "<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells) + "</tr>"
 
@@ -80,12 +81,18 @@ def render_html(diagnosis: Diagnosis, worst: int) -> str:
         figures.append(f"<figure>{chart}</figure>")
     histograms = "".join(figures)
     agreement = f", top-1 agreement with fp32 {d.agreement:.4f}" if d.agreement is not None else ""
+    fidelity = (
+        f"<p>Fidelity <b>{d.fidelity:.4f}</b>: {escape(d.metric or '')} against the fp32 "
+        f"model's outputs ({escape(d.metric_reason)}).</p>"
+        if d.fidelity is not None
+        else ""
+    )
     header = (
         "<tr><th>#</th><th class='text'>op</th><th class='text'>type</th>"
         "<th class='text'>runs in</th><th class='text'>scheme</th><th>error added</th>"
         "<th>relative error</th>"
         "<th>SQNR dB</th><th>error (int8 steps)</th><th>fp32 range</th>"
-        "<th>output error if fp32</th><th>error removed</th></tr>"
+        "<th>output error if fp32</th><th>error removed</th><th>fidelity if fp32</th></tr>"
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in d.notes)
     return f"""<!DOCTYPE html>
@@ -96,6 +103,7 @@ def render_html(diagnosis: Diagnosis, worst: int) -> str:
 <b>{escape(d.quantized)}</b>; configuration: {escape(d.config_source)};
 {d.samples} samples.</p>
 <p>Model output: relative error {_num(d.output_error)}{agreement}.</p>
+{fidelity}
 <ul class="note">{notes}</ul>
 <h2>Per-op error, worst first</h2>
 {error_chart}
@@ -105,7 +113,8 @@ includes the error of every op before it; "error added": how much the op raises 
 relative error of the ops before it in graph order, which ranks the ops (on branching graphs
 an estimate: the fallback column is measured). "Output error if fp32": the model's output error
 with only that op put back in fp32 (the {worst} worst quantized ops); "error removed": the
-share of the quantized model's output error that this saves.</p>
+share of the quantized model's output error that this saves; "fidelity if fp32": the task
+metric above with only that op in fp32.</p>
 <h2>Falling back the worst ops</h2>
 {fallback_chart or "<p>No quantized op to fall back.</p>"}
 <h2>Activations of the worst ops</h2>
