@@ -54,8 +54,8 @@ little slower (``Rules.tie``) and half as wrong; a faster change that is
 ``fidelity_slack`` less faithful needs a clear win (``Rules.tie``). On a loaded machine
 the noise grows and fewer changes are kept for speed; the tie rules read the ratio
 itself, so that load widens their spread without moving their edge (a change that only
-gains fidelity has no safe side to lean to). Every comparison is recorded (:class:`Step`) with its times, so reports can show
-what was measured.
+gains fidelity has no safe side to lean to). Every comparison is recorded
+(:class:`Step`) with its times, so reports can show what was measured.
 
 A backend without the optional methods (lpq-tf, lpq-mxnet, lpq-torch) runs steps 1, 4,
 5 (segments) and 8 under core's :class:`Rules`; lpq-onnxrt's backend carries its own

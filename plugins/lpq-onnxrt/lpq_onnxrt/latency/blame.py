@@ -150,7 +150,11 @@ class Profiler:
 
     def __call__(self, model: onnx.ModelProto, fp32_ops: frozenset[str]) -> list[str]:
         costs = self.costs(model, fp32_ops)
-        return [name for name, (fp32, int8) in costs.items() if int8 > BLAME_RATIO * fp32 + BLAME_FLOOR_MS]
+        return [
+            name
+            for name, (fp32, int8) in costs.items()
+            if int8 > BLAME_RATIO * fp32 + BLAME_FLOOR_MS
+        ]
 
     def verdict(
         self, names: Sequence[str], fmt: str, model: onnx.ModelProto, fp32_ops: frozenset[str]
