@@ -122,6 +122,12 @@ def test_cli_diagnoses_a_quantized_model_file(digits, tmp_path, capsys):
     errors = [op["added_error"] for op in report["ops"]]
     assert errors == sorted(errors, reverse=True)
     assert sum(op["fallback"] is not None for op in report["ops"]) == 2
+    # scored with the gate's metric (class scores: top-1 agreement), the fallbacks from
+    # the re-quantized model, whose fidelity is said beside the given model's
+    assert report["metric"] == "agreement" and 0.0 <= report["fidelity"] <= 1.0
+    assert all(op["fallback"]["fidelity"] is not None for op in report["ops"] if op["fallback"])
+    base = report["fallback_base_fidelity"]
+    assert base is not None and f"agreement {base:.4f}" in " ".join(report["notes"])
     assert (tmp_path / "d" / "diagnosis.html").read_text().startswith("<!DOCTYPE html>")
 
 

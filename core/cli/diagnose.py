@@ -141,6 +141,14 @@ def diagnose_command(
         console.print(
             f"fidelity {result.fidelity:.4f} ({result.metric} against fp32: {result.metric_reason})"
         )
+    if (
+        result.fallback_base_fidelity is not None
+        and result.fallback_base_fidelity != result.fidelity
+    ):
+        console.print(
+            f"fallbacks are measured from the model re-quantized with its configuration: "
+            f"fidelity {result.fallback_base_fidelity:.4f} (see the note below)"
+        )
     if_fp32 = f"if fp32: {result.metric}"
     shown = table(
         "ops by the error they add (worst first); 'removes': share of the output error "

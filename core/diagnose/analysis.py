@@ -90,6 +90,10 @@ class Diagnosis:
     metric: str | None = None
     metric_reason: str = ""
     fidelity: float | None = None
+    #: The task metric of the model the fallbacks are measured against: the quantized
+    #: model, or where that is a given file, the model re-quantized with its
+    #: configuration (read from it with the adaptor's default schemes; see ``notes``).
+    fallback_base_fidelity: float | None = None
     #: fp32 and quantized activation values of the worst ops (for histograms; not JSON).
     values: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -294,11 +298,13 @@ def diagnose(
 
     ops = _op_reports(pm, framework, model, quantized, data, capability, tune_cfg, batches)
     values = _worst_values(pm, framework, model, quantized, data, ops[:worst])
-    base_error = output_error if base is quantized else outputs.error(base)[0]
+    base_error, base_fidelity = output_error, fidelity
     if base is not quantized:
+        base_error, _, base_fidelity = outputs.error(base)
         notes.append(
             f"fallback effects are measured against the model re-quantized with that "
-            f"configuration (output error {base_error:.4g}; the given model: {output_error:.4g})"
+            f"configuration (output error {base_error:.4g}, {outputs.metric} "
+            f"{base_fidelity:.4f}; the given model: {output_error:.4g}, {fidelity:.4f})"
         )
     for report in [op for op in ops if op.quantized][:worst]:
         key = (report.name, report.op_type)
@@ -321,6 +327,7 @@ def diagnose(
         metric=outputs.metric,
         metric_reason=outputs.reason,
         fidelity=fidelity,
+        fallback_base_fidelity=base_fidelity,
     )
 
 

@@ -87,6 +87,11 @@ def render_html(diagnosis: Diagnosis, worst: int) -> str:
         if d.fidelity is not None
         else ""
     )
+    if d.fallback_base_fidelity is not None and d.fallback_base_fidelity != d.fidelity:
+        fidelity += (
+            f"<p>The fallbacks below start from the model re-quantized with its "
+            f"configuration: fidelity {d.fallback_base_fidelity:.4f}.</p>"
+        )
     header = (
         "<tr><th>#</th><th class='text'>op</th><th class='text'>type</th>"
         "<th class='text'>runs in</th><th class='text'>scheme</th><th>error added</th>"
