@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,7 +234,8 @@ _SHAPE_READERS = frozenset({"Shape", "Size"})
 
 def infer_shapes(model: onnx.ModelProto, symbolic: bool = True) -> onnx.ModelProto:
     """Shape inference: ORT's symbolic inference where the graph reads shapes as data
-    (:data:`_SHAPE_READERS`) or has ops outside the ONNX standard (in any subgraph too),
+    (:data:`_SHAPE_READERS`) that symbolic inference may make constant
+    (:func:`_needs_symbolic`) or has ops outside the ONNX standard (in any subgraph too),
     falling back to onnx's on failure; onnx's own everywhere else.
 
     Symbolic inference resolves dims onnx's leaves unknown (a transformer's sequence
@@ -253,7 +255,7 @@ def infer_shapes(model: onnx.ModelProto, symbolic: bool = True) -> onnx.ModelPro
     """
     import onnx
 
-    wanted = _needs_symbolic(model.graph) if symbolic else _nonstandard(model.graph)
+    wanted = _needs_symbolic(model) if symbolic else _nonstandard(model.graph)
     try:
         inferred = _symbolic_shapes(model) if wanted else None
         if inferred is not None:
@@ -267,14 +269,104 @@ def infer_shapes(model: onnx.ModelProto, symbolic: bool = True) -> onnx.ModelPro
         return model
 
 
-def _needs_symbolic(graph: onnx.GraphProto) -> bool:
-    """Whether a node of ``graph`` or of one of its subgraphs reads a shape as data, or
-    is not a standard ONNX op (ORT's contrib ops, GroupQueryAttention or MatMulNBits in a
-    builder's decoder: onnx's inference knows none of them, ORT's symbolic one does)."""
-    return any(
-        node.op_type in _SHAPE_READERS or node.domain not in ("", "ai.onnx")
-        for node in _every_node(graph)
-    )
+def _needs_symbolic(model: onnx.ModelProto) -> bool:
+    """Whether ORT's symbolic inference is wanted: a node is not a standard ONNX op (ORT's
+    contrib ops, GroupQueryAttention or MatMulNBits in a builder's decoder: onnx's
+    inference knows none of them, ORT's symbolic one does), a subgraph reads a shape as
+    data, or the main graph reads one whose dims symbolic inference may find constant
+    where onnx's does not (:func:`_open_shape_reads`)."""
+    graph = model.graph
+    if _nonstandard(graph):
+        return True
+    subgraphs = [
+        sub
+        for node in graph.node
+        for attribute in node.attribute
+        for sub in ([attribute.g] if attribute.HasField("g") else list(attribute.graphs))
+    ]
+    if any(n.op_type in _SHAPE_READERS for sub in subgraphs for n in _every_node(sub)):
+        return True
+    readers = [node for node in graph.node if node.op_type in _SHAPE_READERS]
+    return bool(readers) and _open_shape_reads(model, readers)
+
+
+def _open_shape_reads(model: onnx.ModelProto, readers: list[onnx.NodeProto]) -> bool:
+    """Whether a shape the graph reads as data has a dim that ORT's symbolic inference
+    might make constant (so that constant folding removes the arithmetic on it) where
+    onnx's inference leaves it open. Not when every such dim is known, or is named by an
+    expression of the graph inputs' own dims (NudeNet's YOLOv8 stores
+    ``floor(height/32) + 1``-like dims: no inference makes them constant, and symbolic
+    inference cost it 2.3 CPU s for nothing). Otherwise onnx's inference, with data
+    propagation, runs with the inputs' open dims bound to two sets of sizes: a dim the
+    same under both and unknown to plain inference is one symbolic inference would find
+    (MiniLM's hidden size behind a computed Reshape, PP-OCRv4 rec's height); one that
+    stays unknown is not decided here, and symbolic inference runs as before."""
+    import onnx
+
+    try:
+        plain = _value_infos(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+    except Exception:
+        return True
+    symbols = {d.dim_param for i in model.graph.input for d in _dims(i) if d.dim_param}
+
+    def settled(dim: Any) -> bool:
+        named = set(re.findall(r"[A-Za-z_]\w*", dim.dim_param)) if dim.dim_param else set()
+        return dim.HasField("dim_value") or bool(named & symbols)
+
+    open_reads = [
+        node.input[0]
+        for node in readers
+        if node.input[0] not in plain or not all(map(settled, _dims(plain[node.input[0]])))
+    ]
+    if not open_reads:
+        return False
+    try:
+        bound = [_value_infos(_bound_inference(model, extra)) for extra in (0, 32)]
+    except Exception:
+        return True
+    for tensor in open_reads:
+        first, second = (_sizes(infos.get(tensor)) for infos in bound)
+        known = _sizes(plain.get(tensor))
+        if first is None or second is None or None in first or None in second:
+            return True  # not decided by onnx's inference: symbolic inference decides
+        for axis, (a, b) in enumerate(zip(first, second, strict=False)):
+            if a == b and (known is None or axis >= len(known) or known[axis] is None):
+                return True
+    return False
+
+
+def _bound_inference(model: onnx.ModelProto, extra: int) -> onnx.ModelProto:
+    """onnx's inference with data propagation, each open dim of the graph inputs bound to
+    a size (distinct per dim name: 64, 96, ... plus ``extra``)."""
+    import onnx
+
+    bound = copy_model(model)
+    sizes: dict[str, int] = {}
+    for graph_input in bound.graph.input:
+        for dim in _dims(graph_input):
+            if not dim.HasField("dim_value"):
+                key = dim.dim_param or f"?{len(sizes)}"
+                size = sizes.setdefault(key, 32 * (len(sizes) + 2) + extra)
+                dim.Clear()
+                dim.dim_value = size
+    return onnx.shape_inference.infer_shapes(bound, strict_mode=False, data_prop=True)
+
+
+def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    graph = model.graph
+    return {info.name: info for info in [*graph.value_info, *graph.input, *graph.output]}
+
+
+def _dims(info: onnx.ValueInfoProto) -> list[Any]:
+    tensor = info.type.tensor_type
+    return list(tensor.shape.dim) if tensor.HasField("shape") else []
+
+
+def _sizes(info: onnx.ValueInfoProto | None) -> list[int | None] | None:
+    """The dims of ``info`` as sizes (None: unknown); None without a shape."""
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in _dims(info)]
 
 
 def _nonstandard(graph: onnx.GraphProto) -> bool:
