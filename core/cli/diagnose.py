@@ -91,10 +91,10 @@ def diagnose_command(
     from .console import make_console, print_table, table
 
     pm = get_plugin_manager()
-    if metric is not None:  # a wrong name or option fails before any work
-        metric_with_options(pm, metric, metric_options) or pm.create_metric(metric)
-    elif metric_options:
-        metric_with_options(pm, metric, metric_options)
+    # A wrong metric name or option, or an option without --metric, fails before any work.
+    if metric is not None and not metric_options:
+        pm.create_metric(metric)
+    metric_with_options(pm, metric, metric_options)
     tune_cfg = None
     source = ""
     folder = Path(out) if out else Path("lpq-diagnosis")
