@@ -126,11 +126,9 @@ def _reading_shapes() -> onnx.ModelProto:
     return model
 
 
-def test_symbolic_inference_is_skipped_where_no_inference_can_fold_the_shapes_read(monkeypatch):
-    """A graph that reads only shapes onnx's inference knows, or dims named after the
-    inputs' own (NudeNet's YOLOv8 stores ``floor(height/32) + 1``-like ones), is left to
-    onnx's inference: ORT's symbolic one cost NudeNet 2.3 CPU s for the same prepared
-    graph. One whose Reshape target is computed needs it."""
+@pytest.fixture
+def symbolic_calls(monkeypatch) -> list[str]:
+    """A list that gets "symbolic" each time ORT's symbolic shape inference runs."""
     calls: list[str] = []
     symbolic = model_io._symbolic_shapes
 
@@ -139,6 +137,17 @@ def test_symbolic_inference_is_skipped_where_no_inference_can_fold_the_shapes_re
         return symbolic(model)
 
     monkeypatch.setattr(model_io, "_symbolic_shapes", counted)
+    return calls
+
+
+def test_symbolic_inference_is_skipped_where_no_inference_can_fold_the_shapes_read(
+    symbolic_calls,
+):
+    """A graph that reads only shapes onnx's inference knows, or dims named after the
+    inputs' own (NudeNet's YOLOv8 stores ``floor(height/32) + 1``-like ones), is left to
+    onnx's inference: ORT's symbolic one cost NudeNet 2.3 CPU s for the same prepared
+    graph. One whose Reshape target is computed needs it."""
+    calls = symbolic_calls
     # an arange over N (YOLOv8's anchor grids): no inference of onnx's knows its length,
     # the exporter's value_info names it after N
     ranged = _reading_input_shapes()
@@ -200,18 +209,11 @@ def test_symbolic_inference_runs_where_shapes_are_read_or_ops_are_not_standard(m
     assert calls
 
 
-def test_preparation_runs_symbolic_inference_once_for_a_standard_graph(monkeypatch):
+def test_preparation_runs_symbolic_inference_once_for_a_standard_graph(symbolic_calls):
     """The second pass of a preparation (after ORT's optimizer has folded what it could)
     only types the tensors: onnx's inference, unless ops outside the standard need ORT's
     (NudeNet's YOLOv8: 1.9 CPU s of symbolic inference for the same quantized model)."""
-    calls: list[str] = []
-    symbolic = model_io._symbolic_shapes
-
-    def counted(model):
-        calls.append("symbolic")
-        return symbolic(model)
-
-    monkeypatch.setattr(model_io, "_symbolic_shapes", counted)
+    calls = symbolic_calls
     model = _reading_shapes()
     prepared = model_io._prepare(model, "key")
     assert calls == ["symbolic"]  # the first pass only
