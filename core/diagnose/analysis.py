@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import PostTrainingQuantConfig
 from ..eval.data import OutputRecorder, as_dataloader
-from ..eval.metric_choice import label_free_metric
+from ..eval.metric_choice import fidelity_metric, label_free_metric
 from ..eval.metrics import Agreement
 from ..plan.capability import FrameworkCapability
 from ..plan.tune_config import FLOAT_PRECISIONS, OpConfig, OpKey, TensorConfig, TuneConfig
@@ -177,11 +177,12 @@ class _Outputs:
         #: the fp32 model's outputs, and their names where its adaptor gives them
         self.reference: list[Any] = self.of(model)
         self.names: list[str] | None = pm.output_names(framework, model)
-        if metric is None:
-            self.metric, self.reason = label_free_metric(self.reference[0], names=self.names)
-        else:
-            shown = ", ".join(f"{k}={v}" for k, v in (metric_options or {}).items())
-            self.metric, self.reason = metric, "named" + (f" ({shown})" if shown else "")
+        #: class-score outputs: top-1 agreement is reported beside the task metric
+        automatic, _ = label_free_metric(self.reference[0], names=self.names)
+        self.class_scores = automatic == "agreement"
+        self.metric, self.reason = fidelity_metric(
+            self.reference[0], metric, metric_options, names=self.names, named="named"
+        )
         self.metric_options = dict(metric_options or {})
         pm.create_metric(self.metric, **self.metric_options)  # a wrong name fails now
 
@@ -201,7 +202,7 @@ class _Outputs:
         for output, reference in zip(got, self.reference):
             scorer.update(output, reference)
         fidelity = float(scorer.result())
-        if label_free_metric(self.reference[0], names=self.names)[0] != "agreement":
+        if not self.class_scores:
             return error, None, fidelity
         agreement = Agreement()
         for output, reference in zip(got, self.reference):

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import ConfigError, DataError
 from .data import ArrayLoader, OutputRecorder, ReferenceLoader, batch_size, head, split_batch
 from .evaluation import LatencyMeasurer
-from .metric_choice import label_free_metric
+from .metric_choice import fidelity_metric
 from .runtimes import runtimes_kept
 
 #: Share of the calibration samples held out when no evaluation data is given.
@@ -129,14 +129,10 @@ def measure_fidelity(
     pm.evaluate(framework, fp32_model, held_out, [recorder])
     if not recorder.outputs:
         raise ConfigError("the held-out data gave no batch", hint="pass at least one sample")
-    if metric is None:
-        names = pm.output_names(framework, fp32_model)
-        metric, reason = label_free_metric(recorder.outputs[0], task=task, names=names)
-    else:
-        reason = "named with --metric"
-        if metric_options:
-            shown = ", ".join(f"{key}={value}" for key, value in metric_options.items())
-            reason += f" ({shown})"
+    names = pm.output_names(framework, fp32_model) if metric is None else None
+    metric, reason = fidelity_metric(
+        recorder.outputs[0], metric, metric_options, task=task, names=names
+    )
     scorer = pm.create_metric(metric, **dict(metric_options or {}))
     result = pm.evaluate(
         framework, quantized_model, ReferenceLoader(held_out, recorder.outputs), [scorer]

@@ -7,7 +7,7 @@ metrics (:mod:`.task_metrics`, which build on the generic ones).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .metrics import _first
@@ -45,3 +45,21 @@ def label_free_metric(
         f"the output {tuple(output.shape)} holds no class scores: accuracy is the cosine "
         "similarity with the fp32 model's outputs"
     )
+
+
+def fidelity_metric(
+    reference: Any,
+    metric: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    *,
+    task: str | None = None,
+    names: Sequence[str] | None = None,
+    named: str = "named with --metric",
+) -> tuple[str, str]:
+    """The metric that scores a model against ``reference`` outputs, and why: ``metric``
+    as named (``named``, with its ``options`` shown), else :func:`label_free_metric`'s
+    choice. One rule for ``lpq quantize``'s fidelity gate and ``lpq diagnose``."""
+    if metric is None:
+        return label_free_metric(reference, task=task, names=names)
+    shown = ", ".join(f"{key}={value}" for key, value in (options or {}).items())
+    return metric, named + (f" ({shown})" if shown else "")
