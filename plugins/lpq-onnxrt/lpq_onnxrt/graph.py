@@ -25,6 +25,15 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+def dim_sizes(info: onnx.ValueInfoProto | None) -> list[int | None] | None:
+    """The dims of a tensor's value info as sizes (None: a dim not known as a number);
+    None where it has no shape."""
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return None
+    dims = info.type.tensor_type.shape.dim
+    return [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
+
+
 def drop_inner_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Remove ``model``'s ``value_info`` (shapes of inner tensors), in place; return it.
 

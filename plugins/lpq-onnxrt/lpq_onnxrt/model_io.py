@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from lpq import ModelError
 
 from . import weights
+from .graph import dim_sizes
 from .info import is_onnx_model
 from .weights import Blobs
 
@@ -325,8 +326,8 @@ def _open_shape_reads(model: onnx.ModelProto, readers: list[onnx.NodeProto]) -> 
     except Exception:
         return True
     for tensor in open_reads:
-        first, second = (_sizes(infos.get(tensor)) for infos in bound)
-        known = _sizes(plain.get(tensor))
+        first, second = (dim_sizes(infos.get(tensor)) for infos in bound)
+        known = dim_sizes(plain.get(tensor))
         if first is None or second is None or None in first or None in second:
             return True  # not decided by onnx's inference: symbolic inference decides
         for axis, (a, b) in enumerate(zip(first, second, strict=False)):
@@ -360,13 +361,6 @@ def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 def _dims(info: onnx.ValueInfoProto) -> list[Any]:
     tensor = info.type.tensor_type
     return list(tensor.shape.dim) if tensor.HasField("shape") else []
-
-
-def _sizes(info: onnx.ValueInfoProto | None) -> list[int | None] | None:
-    """The dims of ``info`` as sizes (None: unknown); None without a shape."""
-    if info is None or not info.type.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else None for d in _dims(info)]
 
 
 def _nonstandard(graph: onnx.GraphProto) -> bool:

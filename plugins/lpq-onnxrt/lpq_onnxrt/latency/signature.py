@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import model_io, weights
+from ..graph import dim_sizes
 
 if TYPE_CHECKING:
     import onnx
@@ -84,12 +85,9 @@ def _tensor_types(graph: onnx.GraphProto) -> dict[str, list[Any]]:
     """Tensor name -> [element type, dims] where every dim is known."""
     known: dict[str, list[Any]] = {}
     for value in (*graph.input, *graph.value_info, *graph.output):
-        tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if all(d is not None for d in dims):
-            known[value.name] = [int(tensor.elem_type), dims]
+        dims = dim_sizes(value)
+        if dims is not None and all(d is not None for d in dims):
+            known[value.name] = [int(value.type.tensor_type.elem_type), dims]
     for init in graph.initializer:
         known[init.name] = [int(init.data_type), [int(d) for d in init.dims]]
     return known
